@@ -1,0 +1,26 @@
+# mcfl reproduction workflow: prepare data -> initialise cluster centres -> train every
+# (dataset, method, K, seed) -> report. Training logic lives in the `mcfl` package; rules call its CLI.
+#
+#   snakemake --cores all                               # everything in config/config.yaml
+#   snakemake --cores all --configfile config/paper-femnist.yaml
+#   snakemake -n                                         # what would run
+#   snakemake --report report.html                       # tables and figures with captions
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/init.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        rules.report.output,

@@ -1,0 +1,68 @@
+"""The algorithm contract and the shared pieces of server arithmetic.
+
+An algorithm is its server-side difference from the others (Flower's idea) over explicit state
+(FedJAX's): it builds its initial ``State`` and maps ``(state, clients, round) -> (state, diagnostics)``.
+The round loop, client sampling, evaluation, checkpointing and tracking are written once, in
+:mod:`mcfl.runner`; local SGD is written once, in :mod:`mcfl.engine`.
+
+A subclass declares
+
+* ``name``: the name used in configs (``method: FedAvg``);
+* ``Params``: a dataclass of its hyperparameters with defaults (validated against configs; the
+  source of truth for defaults);
+* ``State``: a dataclass of tensors/ints only, so a checkpoint of it loads with
+  ``torch.load(weights_only=True)``;
+* ``init()``, ``round()``, ``eval_models()`` and, for clustered methods, ``assignments()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable
+
+import numpy as np
+import torch
+
+from mcfl.aggregate import WeightedSum, sq_distances, weighted_mean  # noqa: F401 (re-export)
+from mcfl.federation import Federation
+
+
+@dataclass
+class NoParams:
+    pass
+
+
+class Algorithm:
+    name: ClassVar[str]
+    Params: ClassVar[type] = NoParams
+    State: ClassVar[type]
+    #: True if the method takes K and clusters clients (its ``K`` becomes part of the run's name).
+    clustered: ClassVar[bool] = False
+    #: True if training needs the DAG's cluster-centre initialisation file (``fed.inputs["centres"]``).
+    needs_centres: ClassVar[bool] = False
+
+    def __init__(self, fed: Federation, params: Any):
+        self.fed = fed
+        self.p = params
+
+    def init(self):
+        raise NotImplementedError
+
+    def round(self, state, clients: np.ndarray, rnd: int) -> tuple[Any, dict[str, float]]:
+        raise NotImplementedError
+
+    def eval_models(self, state) -> Iterable[tuple[torch.Tensor, np.ndarray]]:
+        """Pairs (weights, client indices): which model each client is tested with."""
+        raise NotImplementedError
+
+    def assignments(self, state) -> np.ndarray | None:
+        """Cluster id per client for clustered methods (for ARI/NMI and the artifacts)."""
+        return None
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self, state) -> dict[str, Any]:
+        return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+
+    def load_state(self, d: dict[str, Any]):
+        return self.State(**d)

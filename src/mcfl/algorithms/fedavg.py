@@ -1,0 +1,41 @@
+"""FedAvg (McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized
+Data", AISTATS 2017, arXiv:1602.05629).
+
+Each round the sampled clients run local SGD from the global model and the server replaces it by
+their average weighted by training-set size: ``w <- sum_i n_i w_i / sum_i n_i`` (FeSEM Eq. 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mcfl.aggregate import WeightedSum
+from mcfl.algorithms.base import Algorithm
+from mcfl.engine import Task
+
+
+@dataclass
+class State:
+    w: torch.Tensor
+
+
+class FedAvg(Algorithm):
+    name = "FedAvg"
+    State = State
+
+    def init(self) -> State:
+        return State(self.fed.w0.clone())
+
+    def round(self, state: State, clients: np.ndarray, rnd: int):
+        acc = WeightedSum(1, state.w.numel(), state.w.device)
+        losses = []
+        for task, res in self.fed.trainer.run((Task(int(c), state.w) for c in clients), rnd):
+            acc.add(0, res.weights, res.n_samples)
+            losses.append(res.loss)
+        return State(acc.mean(0)), {"train_loss": float(np.mean(losses))}
+
+    def eval_models(self, state: State):
+        yield state.w, np.arange(self.fed.n_clients)

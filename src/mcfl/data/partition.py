@@ -1,0 +1,48 @@
+"""Partition helpers shared by the embedded sources and the partition stage."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def dirichlet_partition(labels: np.ndarray, n_clients: int, alpha: float, rng: np.random.Generator,
+                        min_size: int = 1, max_tries: int = 1000) -> list[np.ndarray]:
+    """Label-skewed split of sample indices over ``n_clients`` (Hsu et al. 2019; Wang et al. 2020).
+
+    For every class k, proportions p_k ~ Dir_J(alpha) over the J clients decide how class k's samples
+    are dealt out (FeSEM §6.1: "a non-IID partition by p_k ~ Dir_J(0.5)"). As in FedMA's reference
+    code, a client that already holds more than N/J samples gets no more. The draw is repeated until
+    every client has at least ``min_size`` samples. Returns sorted index arrays, one per client.
+    """
+    labels = np.asarray(labels)
+    n = len(labels)
+    if n_clients * min_size > n:
+        raise ValueError(f"cannot give {n_clients} clients {min_size} samples each from {n} samples")
+    classes = np.unique(labels)
+    for _ in range(max_tries):
+        parts: list[list[int]] = [[] for _ in range(n_clients)]
+        for k in classes:
+            idx = np.flatnonzero(labels == k)
+            rng.shuffle(idx)
+            p = rng.dirichlet(np.full(n_clients, alpha))
+            p = p * np.array([len(b) < n / n_clients for b in parts])
+            p = p / p.sum()
+            cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
+            for j, chunk in enumerate(np.split(idx, cuts)):
+                parts[j].extend(chunk.tolist())
+        if min(len(b) for b in parts) >= min_size:
+            return [np.sort(np.asarray(b, dtype=np.int64)) for b in parts]
+    raise ValueError(f"Dirichlet({alpha}) partition gave a client fewer than {min_size} samples in "
+                     f"{max_tries} tries; raise alpha, lower min_size or use fewer clients")
+
+
+def split_train_test(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """LEAF's by-sample split (``split_data.py``): ``n_train = max(1, int((1 - test_fraction) * n))``,
+    one sample each way when ``n == 2``; train indices drawn at random, both parts kept in order."""
+    if n < 2:
+        raise ValueError(f"a client needs at least 2 samples to split, has {n}")
+    n_train = 1 if n == 2 else max(1, int((1.0 - test_fraction) * n))
+    n_train = min(n_train, n - 1) if test_fraction > 0 else n
+    train = np.sort(rng.choice(n, size=n_train, replace=False))
+    test = np.setdiff1d(np.arange(n), train)
+    return train, test

@@ -1,0 +1,263 @@
+"""The one local-update engine every algorithm calls.
+
+A model's whole state (parameters, then floating-point buffers such as BatchNorm statistics) lives in
+one flat float32 vector. :class:`FlatModel` re-points an ``nn.Module``'s parameters and buffers at
+views of that vector and its gradient at views of one flat gradient vector, so loading a client's
+starting weights is one ``copy_`` and an SGD step is one fused vector update, whatever the
+architecture. Servers therefore work on plain vectors: averages, distances and clustering need no
+knowledge of layers.
+
+:class:`LocalTrainer` runs minibatch SGD on one client's pre-built tensors (no DataLoader), for
+``local_epochs`` passes or ``local_steps`` steps (LEAF's batching: shuffle, consecutive batches, the
+last one short), optionally with
+
+* a proximal/distance term ``(mu/2)·||w - anchor||^2`` over the parameters: FeSEM's Eq. 7 with
+  ``mu = lambda`` and the anchor the client's cluster centre; FedProx's term with the global model;
+* a linear term ``<linear, w>``: FedDANE's gradient correction.
+
+Randomness: every (round, client) pair draws its batch order from its own generator, seeded from
+``SeedSequence([seed, round, client])``, so a client's update does not depend on which other clients
+ran, or in which order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mcfl.data.store import FederatedData
+
+
+class DivergenceError(RuntimeError):
+    """Training produced a NaN/inf loss or weight; the message names the round and the client."""
+
+
+def derive_seed(*key: int) -> int:
+    """A 63-bit seed from an integer key, e.g. ``(seed, round, client, purpose)``."""
+    return int(np.random.SeedSequence([int(k) for k in key]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def generator(*key: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(derive_seed(*key))
+    return g
+
+
+# --------------------------------------------------------------------------------- flat parameters
+class FlatModel:
+    """An ``nn.Module`` whose parameters and float buffers are views into one flat vector.
+
+    Layout: ``flat[:n_params]`` holds the parameters (in ``named_parameters`` order), the rest the
+    floating-point buffers. ``grad`` has ``n_params`` entries. ``slices[name]`` locates a tensor.
+    """
+
+    def __init__(self, module: nn.Module, device: torch.device | str = "cpu"):
+        self.module = module.to(device)
+        self.device = torch.device(device)
+        params = list(self.module.named_parameters())
+        buffers = [(n, b) for n, b in self.module.named_buffers() if b.is_floating_point()]
+        self.n_params = sum(p.numel() for _, p in params)
+        self.size = self.n_params + sum(b.numel() for _, b in buffers)
+        self.flat = torch.zeros(self.size, device=self.device)
+        self.grad = torch.zeros(self.n_params, device=self.device)
+        self.slices: dict[str, slice] = {}
+        offset = 0
+        with torch.no_grad():
+            for name, p in params:
+                sl = slice(offset, offset + p.numel())
+                self.flat[sl].copy_(p.reshape(-1))
+                p.data = self.flat[sl].view_as(p)
+                p.grad = self.grad[sl].view_as(p)
+                self.slices[name] = sl
+                offset = sl.stop
+            for name, b in buffers:
+                sl = slice(offset, offset + b.numel())
+                self.flat[sl].copy_(b.reshape(-1))
+                owner, attr = self._owner(name)
+                owner._buffers[attr] = self.flat[sl].view_as(b)
+                self.slices[name] = sl
+                offset = sl.stop
+
+    def _owner(self, name: str) -> tuple[nn.Module, str]:
+        *path, attr = name.split(".")
+        mod = self.module
+        for part in path:
+            mod = getattr(mod, part)
+        return mod, attr
+
+    def load(self, w: torch.Tensor) -> None:
+        self.flat.copy_(w)
+
+    def get(self) -> torch.Tensor:
+        return self.flat.clone()
+
+    def select(self, which: str) -> slice:
+        """Which coordinates a distance uses: ``all`` parameters, or the ``last_layer``'s weight
+        matrix only (the FeSEM authors' code: the output layer's kernel)."""
+        if which == "all":
+            return slice(0, self.n_params)
+        if which == "last_layer":
+            weights = [n for n, p in self.module.named_parameters() if p.dim() >= 2]
+            return self.slices[weights[-1]]
+        raise ValueError(f"unknown parameter selection {which!r}; use 'all' or 'last_layer'")
+
+
+# ------------------------------------------------------------------------------------- device data
+class DeviceData:
+    """A store's arrays as tensors on the training device, in their stored dtype (uint8 stays uint8
+    and is scaled per batch), with per-client offsets."""
+
+    def __init__(self, data: FederatedData, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.scale = float(data.x_scale)
+        self.n_classes = data.n_classes
+        self.n_clients = data.n_clients
+        self.x = {s: torch.from_numpy(np.array(getattr(data, f"x_{s}"))).to(device)
+                  for s in ("train", "test")}
+        self.y = {s: torch.from_numpy(np.array(getattr(data, f"y_{s}"))).to(device)
+                  for s in ("train", "test")}
+        self.offsets = {s: np.asarray(getattr(data, f"offsets_{s}")) for s in ("train", "test")}
+        self.n_train = np.diff(self.offsets["train"])
+        self.n_test = np.diff(self.offsets["test"])
+
+    def inputs(self, rows: torch.Tensor, split: str = "train") -> torch.Tensor:
+        x = self.x[split][rows]
+        return x.float().mul_(self.scale) if x.dtype != torch.float32 or self.scale != 1 else x
+
+    def client_rows(self, client: int, split: str = "train") -> torch.Tensor:
+        a, b = self.offsets[split][client], self.offsets[split][client + 1]
+        return torch.arange(int(a), int(b), device=self.device)
+
+
+# ---------------------------------------------------------------------------------- local training
+@dataclass(frozen=True)
+class LocalSpec:
+    """Hyperparameters of local SGD. Exactly one of ``epochs``/``steps`` is used (steps wins)."""
+
+    lr: float
+    batch_size: int = 10
+    epochs: int = 1
+    steps: int | None = None
+
+
+@dataclass
+class Task:
+    """One client's local update: start from ``start``; optional proximal anchor/mu and linear term."""
+
+    client: int
+    start: torch.Tensor
+    anchor: torch.Tensor | None = None
+    mu: float = 0.0
+    linear: torch.Tensor | None = None
+
+
+@dataclass
+class LocalResult:
+    weights: torch.Tensor
+    loss: float           # mean training loss over the local steps
+    n_samples: int        # the client's training-set size (the FedAvg weight)
+    steps: int
+
+
+class LocalTrainer:
+    """Sequential executor: trains the clients of ``run(tasks)`` one after the other."""
+
+    def __init__(self, model: FlatModel, data: DeviceData, spec: LocalSpec, seed: int):
+        self.model, self.data, self.spec, self.seed = model, data, spec, int(seed)
+
+    # -- batching -------------------------------------------------------------------------------
+    def batches(self, client: int, rnd: int, purpose: int = 0,
+                spec: LocalSpec | None = None) -> Iterator[torch.Tensor]:
+        """Row indices of each minibatch of one local update (LEAF's ``batch_data`` semantics)."""
+        spec = spec or self.spec
+        n = int(self.data.n_train[client])
+        start = int(self.data.offsets["train"][client])
+        g = generator(self.seed, rnd, client, purpose)
+        per_epoch = math.ceil(n / spec.batch_size)
+        total = spec.steps if spec.steps is not None else spec.epochs * per_epoch
+        done = 0
+        while done < total:
+            perm = torch.randperm(n, generator=g) + start
+            for b in range(per_epoch):
+                if done == total:
+                    break
+                yield perm[b * spec.batch_size:(b + 1) * spec.batch_size].to(self.data.device)
+                done += 1
+
+    # -- one client -----------------------------------------------------------------------------
+    def train(self, task: Task, rnd: int, purpose: int = 0, spec: LocalSpec | None = None) -> LocalResult:
+        spec = spec or self.spec
+        m, P = self.model, self.model.n_params
+        m.load(task.start)
+        m.module.train()
+        w = m.flat[:P]
+        loss_sum = torch.zeros((), device=m.device)
+        steps = 0
+        for rows in self.batches(task.client, rnd, purpose, spec):
+            m.grad.zero_()
+            loss = F.cross_entropy(m.module(self.data.inputs(rows)), self.data.y["train"][rows])
+            loss.backward()
+            with torch.no_grad():
+                g = m.grad
+                if task.mu:
+                    g.add_(w - task.anchor[:P], alpha=task.mu)
+                if task.linear is not None:
+                    g.add_(task.linear)
+                w.add_(g, alpha=-spec.lr)
+            loss_sum += loss.detach()
+            steps += 1
+        out = m.get()
+        mean_loss = float(loss_sum) / max(steps, 1)
+        if not math.isfinite(mean_loss) or not bool(torch.isfinite(out).all()):
+            raise DivergenceError(f"round {rnd}, client {task.client}: local training diverged "
+                                  f"(mean loss {mean_loss}); lower the learning rate")
+        return LocalResult(out, mean_loss, int(self.data.n_train[task.client]), steps)
+
+    def run(self, tasks: Iterable[Task], rnd: int) -> Iterator[tuple[Task, LocalResult]]:
+        """Train each task in turn and yield it with its result, so a server can fold each local
+        model into running sums and drop it: peak memory is one local model, not m of them."""
+        for task in tasks:
+            yield task, self.train(task, rnd)
+
+    # -- gradients and evaluation ---------------------------------------------------------------
+    def gradient(self, w: torch.Tensor, client: int, rows: torch.Tensor | None = None,
+                 chunk: int = 4096) -> tuple[torch.Tensor, float]:
+        """Gradient of the client's mean training loss at ``w`` (all its rows, or ``rows``)."""
+        m, P = self.model, self.model.n_params
+        m.load(w)
+        m.module.train()
+        rows = self.data.client_rows(client) if rows is None else rows
+        m.grad.zero_()
+        total = 0.0
+        for i in range(0, len(rows), chunk):
+            r = rows[i:i + chunk]
+            loss = F.cross_entropy(m.module(self.data.inputs(r)), self.data.y["train"][r],
+                                   reduction="sum") / len(rows)
+            loss.backward()
+            total += float(loss)
+        m.load(w)                      # BatchNorm statistics moved in train mode: restore them
+        return m.grad[:P].clone(), total
+
+    @torch.no_grad()
+    def predict(self, w: torch.Tensor, rows: torch.Tensor, split: str = "test",
+                chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predicted labels and per-sample losses of model ``w`` on ``rows`` of ``split``."""
+        m = self.model
+        m.load(w)
+        m.module.eval()
+        preds, losses = [], []
+        for i in range(0, len(rows), chunk):
+            r = rows[i:i + chunk]
+            logits = m.module(self.data.inputs(r, split))
+            preds.append(logits.argmax(1))
+            losses.append(F.cross_entropy(logits, self.data.y[split][r], reduction="none"))
+        if not preds:
+            empty = torch.zeros(0, device=m.device)
+            return empty.long(), empty
+        return torch.cat(preds), torch.cat(losses)

@@ -1,0 +1,96 @@
+"""The simulated federation an algorithm runs in: data on the device, the model, the local-update
+engine, the seeded initial weights and the pre-sampled client stream.
+
+Seeds. A run's ``seed`` is split by purpose with :func:`mcfl.engine.derive_seed`:
+
+* the client stream: round r's participants are drawn from ``(seed, STREAM, r)`` only, so every
+  algorithm run with one (dataset, seed) sees exactly the same clients in every round, and
+  lengthening a run keeps the earlier rounds' draws;
+* the initial model: ``(seed, MODEL)``, the same starting weights for every algorithm;
+* local SGD: ``(seed, round, client, purpose)`` (see :mod:`mcfl.engine`);
+* server-side randomness of an algorithm: :meth:`Federation.rng` ``(seed, SERVER, round, purpose)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mcfl import models
+from mcfl.data.store import FederatedData
+from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer, derive_seed
+
+STREAM, MODEL, SERVER = 1_000_001, 1_000_002, 1_000_003
+
+
+def client_stream(n_clients: int, per_round: int | None, seed: int, rounds: int) -> np.ndarray:
+    """(rounds, k) sorted client indices; row r-1 depends only on (seed, r, n_clients, k)."""
+    k = n_clients if per_round is None else min(int(per_round), n_clients)
+    rows = []
+    for r in range(1, rounds + 1):
+        rng = np.random.default_rng(derive_seed(seed, STREAM, r))
+        rows.append(np.sort(rng.choice(n_clients, size=k, replace=False)))
+    return np.stack(rows).astype(np.int64) if rows else np.zeros((0, k), dtype=np.int64)
+
+
+@dataclass
+class Federation:
+    data: FederatedData
+    dev: DeviceData
+    model: FlatModel
+    trainer: LocalTrainer
+    seed: int
+    w0: torch.Tensor
+    stream: np.ndarray
+    inputs: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def n_clients(self) -> int:
+        return self.data.n_clients
+
+    @property
+    def n_train(self) -> np.ndarray:
+        return self.dev.n_train
+
+    @property
+    def device(self) -> torch.device:
+        return self.dev.device
+
+    def clients(self, rnd: int) -> np.ndarray:
+        return self.stream[rnd - 1]
+
+    def rng(self, rnd: int, purpose: int = 0) -> np.random.Generator:
+        return np.random.default_rng(derive_seed(self.seed, SERVER, rnd, purpose))
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+    return torch.device(device)
+
+
+def build_model(model_cfg: dict, data: FederatedData) -> torch.nn.Module:
+    kwargs = {k: v for k, v in model_cfg.items() if k != "name"}
+    return models.build(model_cfg["name"], data.x_shape, data.n_classes, **kwargs)
+
+
+def build_federation(data: FederatedData, model_cfg: dict, train_cfg: dict, seed: int,
+                     device: str | torch.device = "cpu", inputs: dict | None = None) -> Federation:
+    """Everything an algorithm needs, from a store and the run's model/train settings."""
+    device = torch.device(device)
+    module = build_model(model_cfg, data)
+    models.init_weights(module, derive_seed(seed, MODEL))
+    flat = FlatModel(module, device)
+    dev = DeviceData(data, device)
+    spec = LocalSpec(lr=float(train_cfg["lr"]), batch_size=int(train_cfg["batch_size"]),
+                     epochs=int(train_cfg["local_epochs"]), steps=train_cfg.get("local_steps"))
+    trainer = LocalTrainer(flat, dev, spec, seed)
+    stream = client_stream(data.n_clients, train_cfg.get("clients_per_round"), seed,
+                           int(train_cfg.get("rounds", 0)))
+    return Federation(data, dev, flat, trainer, int(seed), flat.get(), stream,
+                      {k: Path(v) for k, v in (inputs or {}).items()})

@@ -1,0 +1,106 @@
+"""Results table and convergence figures.
+
+``table.csv`` has one row per (dataset, method label), in the order the runs are given (the
+workflow gives config order): ``n_seeds`` and the mean and sample standard deviation (ddof=1,
+blank for one seed) over seeds of micro/macro accuracy and F1 in percent, as in FeSEM's Tables 2-3,
+plus ARI and NMI against the true clusters (fractions; blank where the data have no ground truth or
+the method does not cluster). ``table.md`` shows the same as ``mean ± std``.
+
+``figures/convergence_<dataset>.png``: micro accuracy against round for every FeSEM(K) (mean over
+seeds, band = ±1 std), FedAvg dashed as the reference (FeSEM Fig. 3).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mcfl.io import atomic_path, write_text
+
+METRICS = ["micro_acc", "micro_f1", "macro_acc", "macro_f1"]
+CLUSTER = ["ari", "nmi"]
+
+
+def collect(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(one row per run with final metrics, all runs' histories stacked)."""
+    finals, hists = [], []
+    for d in run_dirs:
+        m = json.loads((d / "metrics.json").read_text())
+        finals.append({"dataset": m["dataset"], "method": m["label"], "seed": m["seed"], **m["final"]})
+        h = pd.read_csv(d / "history.csv")
+        h["dataset"], h["method"], h["seed"] = m["dataset"], m["label"], m["seed"]
+        hists.append(h)
+    return pd.DataFrame(finals), pd.concat(hists, ignore_index=True)
+
+
+def summary_table(finals: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    order = list(dict.fromkeys(zip(finals["dataset"], finals["method"])))
+    for ds, method in order:
+        g = finals[(finals["dataset"] == ds) & (finals["method"] == method)]
+        row = {"dataset": ds, "method": method, "n_seeds": len(g)}
+        for k in METRICS:
+            v = g[k].astype(float) * 100
+            row[f"{k}_mean"], row[f"{k}_std"] = v.mean(), v.std(ddof=1)
+        for k in CLUSTER:
+            v = g[k].astype(float) if k in g else pd.Series(dtype=float)
+            v = v.dropna()
+            row[f"{k}_mean"] = v.mean() if len(v) else np.nan
+            row[f"{k}_std"] = v.std(ddof=1) if len(v) > 1 else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def to_markdown(t: pd.DataFrame) -> str:
+    def pm(mean, std, digits=1):
+        if pd.isna(mean):
+            return ""
+        return f"{mean:.{digits}f}" + ("" if pd.isna(std) else f" ± {std:.{digits}f}")
+
+    head = ["dataset", "method", "seeds", "micro acc", "micro F1", "macro acc", "macro F1", "ARI"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in t.iterrows():
+        cells = [r["dataset"], r["method"], str(int(r["n_seeds"]))]
+        cells += [pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in METRICS]
+        cells += [pm(r["ari_mean"], r["ari_std"], 3)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def convergence_figure(hist: pd.DataFrame, dataset: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    h = hist[(hist["dataset"] == dataset) & hist["micro_acc"].notna()]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
+    methods = [m for m in dict.fromkeys(h["method"]) if m.startswith("FeSEM(")]
+    for method in methods + (["FedAvg"] if "FedAvg" in set(h["method"]) else []):
+        g = h[h["method"] == method].groupby("round")["micro_acc"]
+        mean, std = g.mean() * 100, g.std(ddof=1).fillna(0) * 100
+        style = dict(ls="--", color="k") if method == "FedAvg" else {}
+        ax.plot(mean.index, mean.values, label=method, **style)
+        ax.fill_between(mean.index, mean - std, mean + std, alpha=0.15, color=style.get("color"))
+    ax.set_xlabel("round")
+    ax.set_ylabel("micro accuracy (%)")
+    ax.set_title(f"Convergence of FeSEM(K) on {dataset}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def write_report(run_dirs: list[Path], out: Path) -> None:
+    finals, hist = collect(run_dirs)
+    table = summary_table(finals)
+    with atomic_path(out / "table.csv") as tmp:
+        table.round(4).to_csv(tmp, index=False)
+    write_text(out / "table.md", to_markdown(table))
+    for ds in dict.fromkeys(finals["dataset"]):
+        convergence_figure(hist, ds, out / "figures" / f"convergence_{ds}.png")

@@ -1,0 +1,158 @@
+"""Experiment tracking. Only this module imports MLflow; everything else calls a :class:`Tracker`.
+
+Store: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<cwd>/mlflow.db`` (absolute, so jobs that
+change directory still find it); artifacts under ``<cwd>/mlartifacts``. For runs on several machines
+point ``MLFLOW_TRACKING_URI`` at an ``mlflow server`` (SQLite on a network filesystem is unsafe).
+
+A Snakemake invocation creates the store, the experiment and one parent *sweep* run before any job
+starts (``init_sweep``, from the Snakefile's ``onstart``); each training job finds the sweep's id in
+``$MCFL_SWEEP_RUN_ID`` and nests its run under it. Writes retry when SQLite says "database is locked".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+log = logging.getLogger("mcfl")
+SWEEP_ENV = "MCFL_SWEEP_RUN_ID"
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(Path.cwd() / 'mlflow.db').resolve()}"
+
+
+def _retry(fn: Callable, *args, tries: int = 12, **kwargs):
+    for i in range(tries):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - MLflow wraps sqlite errors in several types
+            if "locked" not in str(e).lower() or i == tries - 1:
+                raise
+            time.sleep(min(5.0, 0.1 * 2 ** i) * (0.5 + random.random()))
+
+
+def _client():
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri())
+
+
+def experiment_id(client, name: str) -> str:
+    exp = _retry(client.get_experiment_by_name, name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return _retry(client.create_experiment, name,
+                      artifact_location=(Path.cwd() / "mlartifacts").resolve().as_uri())
+    except Exception:  # created concurrently by another process
+        return _retry(client.get_experiment_by_name, name).experiment_id
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+class Tracker:
+    def start(self, run: dict, identity: dict, resume_id: str | None = None) -> str | None:
+        return None
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def artifacts(self, paths: Iterable[Path]) -> None:
+        pass
+
+    def end(self, status: str) -> None:
+        pass
+
+
+NullTracker = Tracker
+
+
+class MLflowTracker(Tracker):
+    """One MLflow run per training run; per-round metrics buffered and sent with ``log_batch``."""
+
+    def __init__(self, experiment: str, flush_every: int = 200):
+        self.experiment, self.flush_every = experiment, flush_every
+        self.client = _client()
+        self.run_id: str | None = None
+        self.buffer: list = []
+
+    def start(self, run, identity, resume_id=None):
+        from mlflow.entities import Param, RunTag
+
+        if resume_id:
+            self.run_id = resume_id
+            _retry(self.client.update_run, resume_id, status="RUNNING")
+            return resume_id
+        exp = experiment_id(self.client, self.experiment)
+        tags = {"dataset": run["dataset"], "method": run["method"], "label": run["label"],
+                "seed": str(run["seed"]), "K": str(run["params"].get("K", "")),
+                "git_sha": identity["git"], "data_hash": identity["data_hash"],
+                "run_hash": identity["run_hash"], "mlflow.runName":
+                f"{run['dataset']}/{run['label']}/seed{run['seed']}"}
+        if os.environ.get(SWEEP_ENV):
+            tags["mlflow.parentRunId"] = os.environ[SWEEP_ENV]
+        r = _retry(self.client.create_run, exp, tags=tags)
+        self.run_id = r.info.run_id
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(run).items())]
+        _retry(self.client.log_batch, self.run_id, params=params,
+               tags=[RunTag("config_json", __import__("json").dumps(run)[:5000])])
+        return self.run_id
+
+    def log(self, metrics, step):
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        self.buffer += [Metric(k, float(v), ts, step) for k, v in metrics.items()
+                        if isinstance(v, (int, float))]
+        if len(self.buffer) >= self.flush_every:
+            self.flush()
+
+    def flush(self):
+        if self.buffer and self.run_id:
+            _retry(self.client.log_batch, self.run_id, metrics=self.buffer)
+            self.buffer = []
+
+    def artifacts(self, paths):
+        for p in paths:
+            if Path(p).is_file():
+                _retry(self.client.log_artifact, self.run_id, str(p))
+
+    def end(self, status):
+        if self.run_id:
+            try:
+                self.flush()
+            finally:
+                _retry(self.client.set_terminated, self.run_id, status)
+
+
+def make_tracker(enabled: bool, experiment: str) -> Tracker:
+    return MLflowTracker(experiment) if enabled else Tracker()
+
+
+def init_sweep(experiment: str, name: str) -> str:
+    """Create the store and experiment (once, before parallel jobs) and a parent run; return its id."""
+    client = _client()
+    exp = experiment_id(client, experiment)
+    run = _retry(client.create_run, exp, tags={"mlflow.runName": name, "sweep": "true"})
+    return run.info.run_id
+
+
+def end_sweep(run_id: str, status: str) -> None:
+    _retry(_client().set_terminated, run_id, status)

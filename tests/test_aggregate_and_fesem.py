@@ -1,0 +1,85 @@
+"""FedAvg's weighted mean, FeSEM's E-step and M-step, and FeSEM(K=1) == FedAvg."""
+
+import numpy as np
+import pytest
+import torch
+
+from mcfl.aggregate import WeightedSum, weighted_mean
+from mcfl.algorithms.fedavg import FedAvg
+from mcfl.algorithms.fesem import FeSEM, Params, State, e_step
+from mcfl.data import load
+from mcfl.engine import LocalResult
+from mcfl.federation import build_federation
+
+
+def test_weighted_mean_by_hand():
+    w = weighted_mean([(torch.tensor([1.0, 0.0]), 1), (torch.tensor([4.0, 3.0]), 2)])
+    assert torch.allclose(w, torch.tensor([3.0, 2.0]))        # (1·[1,0] + 2·[4,3]) / 3
+
+
+def test_e_step_picks_the_nearest_centre_by_hand():
+    centres = torch.tensor([[0.0, 0.0, 9.0], [2.0, 2.0, 0.0], [5.0, 0.0, 0.0]])
+    w = torch.tensor([1.5, 1.0, 100.0])
+    # over all coordinates: d = [2.25+1+8281, 0.25+1+10000, 12.25+1+10000] -> centre 0
+    assert e_step(w, centres, slice(0, 3)) == (0, pytest.approx(8284.25))
+    # over the first two only: d = [3.25, 1.25, 13.25] -> centre 1
+    assert e_step(w, centres, slice(0, 2)) == (1, pytest.approx(1.25))
+
+
+class StubTrainer:
+    """Returns preset local models, to test the server step alone."""
+
+    def __init__(self, results):
+        self.results = results
+
+    def run(self, tasks, rnd):
+        for t in tasks:
+            yield t, LocalResult(self.results[t.client], 0.0, n_samples=t.client + 1, steps=1)
+
+
+class StubFed:
+    def __init__(self, trainer, n, size):
+        self.trainer, self.n_clients, self.device = trainer, n, torch.device("cpu")
+        self.model = type("M", (), {"size": size, "select": lambda self, which: slice(0, size)})()
+
+
+def test_fesem_round_assigns_by_eq8_and_averages_by_eq9():
+    locals_ = {0: torch.tensor([0.0, 1.0]), 1: torch.tensor([1.0, 0.0]),
+               2: torch.tensor([9.0, 9.0]), 3: torch.tensor([11.0, 9.0])}
+    fed = StubFed(StubTrainer(locals_), 4, 2)
+    centres = torch.tensor([[0.0, 0.0], [10.0, 10.0], [-50.0, -50.0]])
+    algo = FeSEM(fed, Params(K=3, lam=0.0))
+    state = State(centres, torch.tensor([1, 1, 0, 0]))
+    new, diag = algo.round(state, np.arange(4), rnd=1)
+    assert new.assign.tolist() == [0, 0, 1, 1]
+    assert torch.allclose(new.centres[0], torch.tensor([0.5, 0.5]))        # plain mean
+    assert torch.allclose(new.centres[1], torch.tensor([10.0, 9.0]))
+    assert torch.equal(new.centres[2], centres[2])                          # empty: unchanged
+    assert diag["moved"] == 4
+    weighted = FeSEM(fed, Params(K=3, lam=0.0, mstep="weighted")).round(state, np.arange(4), 1)[0]
+    # clients 2 and 3 weigh 3 and 4: (3·[9,9] + 4·[11,9]) / 7
+    assert torch.allclose(weighted.centres[1], torch.tensor([71 / 7, 9.0]))
+
+
+def test_fesem_k1_lambda0_weighted_equals_fedavg(digits_store):
+    data = load(digits_store)
+    train = {"lr": 0.1, "batch_size": 5, "local_epochs": 1, "rounds": 4, "clients_per_round": 6}
+    fed_a = build_federation(data, {"name": "digits_cnn"}, train, seed=5)
+    fed_b = build_federation(data, {"name": "digits_cnn"}, train, seed=5)
+    avg = FedAvg(fed_a, None)
+    sem = FeSEM(fed_b, Params(K=1, lam=0.0, mstep="weighted"))
+    sa = avg.init()
+    sb = State(fed_b.w0.clone()[None], torch.zeros(data.n_clients, dtype=torch.long))
+    for r in range(1, 5):
+        assert np.array_equal(fed_a.clients(r), fed_b.clients(r))
+        sa, _ = avg.round(sa, fed_a.clients(r), r)
+        sb, _ = sem.round(sb, fed_b.clients(r), r)
+        assert torch.allclose(sa.w, sb.centres[0], atol=1e-6)
+    assert not torch.allclose(sa.w, fed_a.w0)
+
+
+def test_weighted_sum_tracks_empty_clusters():
+    acc = WeightedSum(2, 3, torch.device("cpu"))
+    acc.add(1, torch.ones(3), 2.0)
+    assert not acc.has(0) and acc.has(1)
+    assert torch.equal(acc.mean(1), torch.ones(3))

@@ -1,0 +1,63 @@
+"""Config validation stops bad input before any work, naming the key."""
+
+import copy
+
+import pytest
+import yaml
+
+from mcfl.config import ConfigError, expand_runs, load_config, validate
+from conftest import ROOT
+
+
+def base():
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c["methods"].append({"method": "FedMagic"}), r"methods\[3\]\.method: 'FedMagic' is not one of"),
+    (lambda c: c["methods"][2].update(K=[0, 2]), r"methods\[2\]\.K"),
+    (lambda c: c["methods"][2].update(K=101), r"methods\[2\]\.K: K=101 is larger than the number of clients"),
+    (lambda c: c["datasets"]["digits"]["train"].update(lr=-0.1), r"datasets\.digits\.train\.lr: -0\.1"),
+    (lambda c: c["methods"][2].update(lamda=1), r"methods\[2\]\.lamda: unknown parameter of FeSEM"),
+    (lambda c: c["methods"][0].update(K=2), r"methods\[0\]\.K: FedAvg does not take K"),
+    (lambda c: c["methods"][2].update(distance="cosine"), r"methods\[2\]: distance must be"),
+    (lambda c: c["datasets"]["digits"]["prepare"].update(clinets=5), r"datasets\.digits\.prepare\.clinets: unknown"),
+    (lambda c: c["datasets"]["digits"]["model"].update(name="resnet"), r"datasets\.digits\.model\.name"),
+    (lambda c: c.update(sedes=[1]), r"Additional properties are not allowed \('sedes'"),
+    (lambda c: c["methods"].append({"method": "FeSEM", "K": 2}), r"two entries both make run 'FeSEM-K2'"),
+])
+def test_bad_configs_name_the_key(mutate, message):
+    cfg = base()
+    mutate(cfg)
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+def test_defaults_are_filled_and_runs_expanded():
+    cfg = validate(base())
+    assert cfg["datasets"]["digits"]["train"]["batch_size"] == 10
+    assert cfg["datasets"]["digits"]["train"]["clients_per_round"] is None
+    runs = expand_runs(cfg)
+    labels = sorted({r["label"] for r in runs})
+    assert labels == ["FeSEM(2)", "FeSEM(3)", "FeSEM(4)", "FedAvg", "NoFed"]
+    assert len(runs) == 2 * 5 * len(cfg["seeds"])
+    fesem4 = next(r for r in runs if r["label"] == "FeSEM(4)")
+    assert fesem4["params"]["K"] == 4 and fesem4["params"]["restarts"] == 20
+    assert fesem4["needs_centres"]
+
+
+def test_method_train_overrides_apply_to_that_entry_only():
+    cfg = base()
+    cfg["methods"][0]["train"] = {"local_steps": 1}
+    runs = expand_runs(validate(cfg))
+    assert {r["train"]["local_steps"] for r in runs if r["method"] == "FedAvg"} == {1}
+    assert {r["train"]["local_steps"] for r in runs if r["method"] != "FedAvg"} == {None}
+
+
+def test_load_config_names_the_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    cfg = base()
+    cfg["datasets"]["digits"]["train"]["rounds"] = 0
+    p.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=rf"{p}: datasets\.digits\.train\.rounds"):
+        load_config(p)

@@ -1,0 +1,80 @@
+# Shared helpers: validate the config (before any job), expand it into runs, and name every path.
+import json
+import os
+import shutil
+import time
+
+from snakemake.exceptions import WorkflowError
+
+from mcfl.config import ConfigError, expand_runs, validate
+from mcfl.io import canonical_json
+
+try:
+    validate(config, " + ".join(map(str, workflow.configfiles)) or "config")
+except ConfigError as e:
+    raise WorkflowError(f"invalid configuration: {e}")
+
+DATA = config["data_dir"]
+RES = config["results"]
+RUNS = {(r["dataset"], r["run_id"], str(r["seed"])): r for r in expand_runs(config)}
+RUN_DIR = RES + "/runs/{dataset}/{run}/seed{seed}"
+
+# GPU: one `gpu` unit per training job when CUDA may be used; cap concurrency with
+# `--resources gpu=<number of GPUs>` (Snakemake does not assign device ids itself).
+GPU = 0 if config["device"] == "cpu" or not shutil.which("nvidia-smi") else 1
+
+
+wildcard_constraints:
+    dataset="|".join(config["datasets"]),
+    run="[A-Za-z0-9_+.()-]+",
+    seed=r"\d+",
+
+
+def run_of(w):
+    return RUNS[(w.dataset, w.run, w.seed)]
+
+
+def run_json(w):
+    return canonical_json(run_of(w))
+
+
+def init_json(w):
+    """What the centre initialisation depends on: not the number of rounds, nor evaluation."""
+    r = dict(run_of(w))
+    r["train"] = {k: v for k, v in r["train"].items()
+                  if k in ("lr", "batch_size", "local_epochs", "local_steps")}
+    for k in ("label", "experiment", "needs_centres"):
+        r.pop(k)
+    return canonical_json(r)
+
+
+def store(dataset):
+    return f"{DATA}/{dataset}"
+
+
+def run_dirs():
+    return [RUN_DIR.format(dataset=d, run=r, seed=s) for d, r, s in RUNS]
+
+
+# MLflow: create the store, the experiment and one parent "sweep" run before any job starts;
+# training jobs nest their runs under it (they read its id from the environment).
+SWEEP = {}
+
+onstart:
+    if config["tracking"]:
+        from mcfl.track import SWEEP_ENV, init_sweep
+
+        SWEEP["id"] = init_sweep(config["experiment"], "snakemake " + time.strftime("%Y-%m-%d %H:%M:%S"))
+        os.environ[SWEEP_ENV] = SWEEP["id"]
+
+onsuccess:
+    if SWEEP:
+        from mcfl.track import end_sweep
+
+        end_sweep(SWEEP["id"], "FINISHED")
+
+onerror:
+    if SWEEP:
+        from mcfl.track import end_sweep
+
+        end_sweep(SWEEP["id"], "FAILED")

@@ -1,0 +1,20 @@
+# Cluster-centre initialisation (FeSEM §6.1): every client's first local model, then k-means with
+# 20 restarts; one file per (dataset, run, seed) of a method that needs it.
+
+
+rule init_centres:
+    input:
+        store=lambda w: store(w.dataset),
+    output:
+        RES + "/init/{dataset}/{run}/seed{seed}.pt",
+    log:
+        "logs/init/{dataset}/{run}/seed{seed}.log",
+    params:
+        run=init_json,
+        device=config["device"],
+    threads: 1
+    resources:
+        gpu=GPU,
+    shell:
+        "mcfl init-centres --run {params.run:q} --store {input.store} --out {output} "
+        "--device {params.device} --threads {threads} > {log} 2>&1"

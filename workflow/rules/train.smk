@@ -1,0 +1,35 @@
+# One training job per (dataset, method, K, seed). Every knob of the run is in params.run, so a
+# changed value reruns exactly the affected jobs and what depends on them.
+
+
+def train_inputs(w):
+    inputs = {"store": store(w.dataset)}
+    if run_of(w)["needs_centres"]:
+        inputs["centres"] = rules.init_centres.output[0].format(**w)
+    return inputs
+
+
+rule train:
+    input:
+        unpack(train_inputs),
+    output:
+        metrics=RUN_DIR + "/metrics.json",
+        history=RUN_DIR + "/history.csv",
+        assignments=RUN_DIR + "/assignments.csv",
+    log:
+        "logs/train/{dataset}/{run}/seed{seed}.log",
+    benchmark:
+        RES + "/benchmarks/train/{dataset}/{run}/seed{seed}.tsv"
+    params:
+        run=run_json,
+        centres=lambda w, input: f"--centres {input.centres}" if "centres" in input.keys() else "",
+        checkpoint=lambda w: f"{RES}/checkpoints/{w.dataset}/{w.run}/seed{w.seed}.pt",
+        tracking="--tracking" if config["tracking"] else "--no-tracking",
+        device=config["device"],
+    threads: 1
+    resources:
+        gpu=GPU,
+    shell:
+        "mcfl train --run {params.run:q} --store {input.store} {params.centres} "
+        "--out $(dirname {output.metrics}) --checkpoint {params.checkpoint} {params.tracking} "
+        "--device {params.device} --threads {threads} > {log} 2>&1"
