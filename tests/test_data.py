@@ -104,3 +104,14 @@ def test_leaf_split_rule():
     assert [len(p) for p in split_train_test(10, 0.2, rng)] == [8, 2]
     tr, te = split_train_test(7, 0.2, rng)
     assert len(tr) == 5 and sorted(np.concatenate([tr, te]).tolist()) == list(range(7))
+
+
+def test_classes_partition_gives_at_most_k_classes(tmp_path):
+    from mcfl.data.partition import classes_partition
+
+    labels = np.repeat(np.arange(10), 30)
+    parts = classes_partition(labels, 20, 2, np.random.default_rng(0))
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(300))
+    assert max(len(np.unique(labels[p])) for p in parts) <= 2
+    d = load(prepare("digits", tmp_path / "d", clients=20, partition="classes", classes_per_client=2))
+    assert max(len(np.unique(np.concatenate([d.train(i)[1], d.test(i)[1]]))) for i in range(20)) <= 2

@@ -46,3 +46,16 @@ def split_train_test(n: int, test_fraction: float, rng: np.random.Generator) -> 
     train = np.sort(rng.choice(n, size=n_train, replace=False))
     test = np.setdiff1d(np.arange(n), train)
     return train, test
+
+
+def classes_partition(labels: np.ndarray, n_clients: int, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Pathological label skew (McMahan et al. 2017's shards): sort samples by label, cut them into
+    ``n_clients * k`` equal shards and deal each client ``k`` random shards, so a client holds at
+    most ``k`` classes. Returns sorted index arrays, one per client."""
+    labels = np.asarray(labels)
+    if n_clients * k > len(labels):
+        raise ValueError(f"{n_clients} clients x {k} shards needs at least {n_clients * k} samples")
+    order = np.lexsort((rng.permutation(len(labels)), labels))    # by label, random within a label
+    shards = np.array_split(order, n_clients * k)
+    deal = rng.permutation(n_clients * k).reshape(n_clients, k)
+    return [np.sort(np.concatenate([shards[s] for s in row])) for row in deal]
