@@ -48,14 +48,28 @@ def split_train_test(n: int, test_fraction: float, rng: np.random.Generator) -> 
     return train, test
 
 
-def classes_partition(labels: np.ndarray, n_clients: int, k: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Pathological label skew (McMahan et al. 2017's shards): sort samples by label, cut them into
-    ``n_clients * k`` equal shards and deal each client ``k`` random shards, so a client holds at
-    most ``k`` classes. Returns sorted index arrays, one per client."""
+def classes_partition(labels: np.ndarray, n_clients: int, k: int, rng: np.random.Generator,
+                      max_tries: int = 1000) -> list[np.ndarray]:
+    """Pathological label skew: every client holds exactly ``k`` distinct classes (McMahan et al.
+    2017's 2-shards-per-client setting, without shards straddling classes). Each client draws k
+    classes (redrawn until every class has a holder); each class's samples are shuffled and split
+    as evenly as possible among its holders. Returns sorted index arrays, one per client."""
     labels = np.asarray(labels)
-    if n_clients * k > len(labels):
-        raise ValueError(f"{n_clients} clients x {k} shards needs at least {n_clients * k} samples")
-    order = np.lexsort((rng.permutation(len(labels)), labels))    # by label, random within a label
-    shards = np.array_split(order, n_clients * k)
-    deal = rng.permutation(n_clients * k).reshape(n_clients, k)
-    return [np.sort(np.concatenate([shards[s] for s in row])) for row in deal]
+    classes = np.unique(labels)
+    if not 1 <= k <= len(classes):
+        raise ValueError(f"k={k} classes per client, but the data have {len(classes)} classes")
+    if n_clients * k < len(classes):
+        raise ValueError(f"{n_clients} clients x {k} classes cannot cover {len(classes)} classes")
+    for _ in range(max_tries):
+        held = [rng.choice(classes, size=k, replace=False) for _ in range(n_clients)]
+        if len(np.unique(np.concatenate(held))) == len(classes):
+            break
+    else:
+        raise ValueError(f"could not give every class a holder in {max_tries} tries")
+    parts: list[list[int]] = [[] for _ in range(n_clients)]
+    for c in classes:
+        holders = [i for i, h in enumerate(held) if c in h]
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        for i, chunk in zip(holders, np.array_split(idx, len(holders))):
+            parts[i].extend(chunk.tolist())
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
