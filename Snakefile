@@ -24,3 +24,4 @@ rule all:
     default_target: True
     input:
         rules.report.output,
+        EXTRA_TARGETS,

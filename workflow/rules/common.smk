@@ -18,6 +18,8 @@ DATA = config["data_dir"]
 RES = config["results"]
 RUNS = {(r["dataset"], r["run_id"], str(r["seed"])): r for r in expand_runs(config)}
 RUN_DIR = RES + "/runs/{dataset}/{run}/seed{seed}"
+# Feature rule files append their final outputs (tables, figures) here; `rule all` requests them.
+EXTRA_TARGETS = []
 
 # GPU: one `gpu` unit per training job when CUDA may be used; cap concurrency with
 # `--resources gpu=<number of GPUs>` (Snakemake does not assign device ids itself).
