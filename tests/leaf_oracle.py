@@ -14,7 +14,7 @@ re-statement, step by step, of what LEAF's scripts do (reference notes ../shared
 * CelebA: ``metadata_to_json`` (users in first-appearance order, >= 5 images, y = (v+1)/2 floats in
   attribute-file order, x = file names), pixels as LEAF's CelebA model loads them (``Image.open(..)
   .resize((84, 84)).convert('RGB')`` with Pillow's default filter);
-* ``sample.py`` niid, ``remove_users.py`` (>=), ``split_data.py`` by sample, each with its own
+* ``sample.py`` niid and iid, ``remove_users.py`` (>=), ``split_data.py`` by sample, each with its own
   ``random.Random(seed)`` shared across the files of its stage.
 """
 
@@ -145,6 +145,27 @@ def sample_niid(data_dir: Path, fraction: float, seed: int) -> None:
               data_dir / "sampled_data" / f"{f[:-5]}_niid_{_tag(fraction)}.json")
 
 
+def sample_iid(data_dir: Path, fraction: float, users_fraction: float, seed: int) -> None:
+    rng = random.Random(seed)
+    made = 0
+    for f in [f for f in ls(data_dir / "all_data") if f.endswith(".json")]:
+        data = json.loads((data_dir / "all_data" / f).read_text())
+        xs = [x for d in data["user_data"].values() for x in d["x"]]
+        ys = [y for d in data["user_data"].values() for y in d["y"]]
+        n_users = int(round(users_fraction * len(data["users"]))) or 1
+        pick = rng.sample([i for i in range(len(ys))], int(fraction * len(ys)))
+        size, big = len(pick) // n_users, len(pick) % n_users
+        bounds = [0]
+        for g in range(n_users):                 # LEAF's iid_divide: the short groups first
+            bounds.append(bounds[-1] + size + (g >= n_users - big))
+        users = [str(made + g) for g in range(n_users)]
+        ud = {u: {"x": [xs[i] for i in pick[bounds[g]:bounds[g + 1]]],
+                  "y": [ys[i] for i in pick[bounds[g]:bounds[g + 1]]]} for g, u in enumerate(users)}
+        made += n_users
+        _dump({"users": users, "num_samples": [len(ud[u]["y"]) for u in users], "user_data": ud},
+              data_dir / "sampled_data" / f"{f[:-5]}_iid_{_tag(users_fraction)}_{_tag(fraction)}.json")
+
+
 def remove_users(data_dir: Path, k: int) -> None:
     src = "sampled_data" if (data_dir / "sampled_data").is_dir() else "all_data"
     for f in ls(data_dir / src):
@@ -179,9 +200,13 @@ def split_by_sample(data_dir: Path, frac: float, seed: int) -> None:
                   data_dir / split / f"{f[:-5]}_{split}_{_tag(frac)}.json")
 
 
-def leaf_preprocess(data_dir: Path, *, sf: float, k: int, tf: float, smplseed: int, spltseed: int) -> Path:
-    """``preprocess.sh -s niid --sf SF -k K -t sample --tf TF --smplseed .. --spltseed ..``."""
-    sample_niid(data_dir, sf, smplseed)
+def leaf_preprocess(data_dir: Path, *, sf: float, k: int, tf: float, smplseed: int, spltseed: int,
+                    iid: bool = False, iu: float = 0.01) -> Path:
+    """``preprocess.sh -s niid|iid --sf SF [--iu IU] -k K -t sample --tf TF --smplseed S --spltseed T``."""
+    if iid:
+        sample_iid(data_dir, sf, iu, smplseed)
+    else:
+        sample_niid(data_dir, sf, smplseed)
     remove_users(data_dir, k)
     split_by_sample(data_dir, tf, spltseed)
     return data_dir
