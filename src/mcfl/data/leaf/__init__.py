@@ -11,9 +11,10 @@ Modules, in pipeline order:
 * :mod:`~mcfl.data.leaf.leafjson` ``mcfl import-leaf`` / ``mcfl export-leaf``;
 * :mod:`~mcfl.data.leaf.cli`      the ``download``, ``import-leaf`` and ``export-leaf`` subcommands.
 
-A LEAF source function carries two attributes besides its keyword arguments: ``raw_files`` (file
-name -> expected MD5; the Snakemake download rule and ``mcfl download`` read it) and
-``cli_aliases`` (parameter -> extra option strings, e.g. LEAF's ``-k`` and ``-t``).
+A LEAF source function carries attributes besides its keyword arguments: ``raw_files`` (file
+name -> expected MD5; the Snakemake download rule and ``mcfl download`` read it), optionally
+``raw_alternatives`` (a zip that may also sit extracted, as a folder) and ``cli_aliases``
+(parameter -> extra option strings of ``mcfl prepare``, e.g. LEAF's ``-k`` and ``-t``).
 """
 
 

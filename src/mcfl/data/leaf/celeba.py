@@ -39,6 +39,7 @@ RAW_FILES = {"img_align_celeba.zip": "00d2c5bc6d35e252742224ab0c1e8fcb",
 DRIVE_IDS = {"img_align_celeba.zip": "0B7EVK8r0v71pZjFTYXZWM3FlRnM",
              "list_attr_celeba.txt": "0B7EVK8r0v71pblRyaVFSWGxPY0U",
              "identity_CelebA.txt": "1_ee_0u7vcNLOfNLegJRHmolfH5ICW-XS"}
+ALTERNATIVES = {"img_align_celeba.zip": "img_align_celeba"}    # the zip, or its extracted folder
 MIN_IMAGES = 5     # metadata_to_json.py keeps celebrities with at least 5 images
 HINT = ("Get it from the CelebA page http://mmlab.ie.cuhk.edu.hk/projects/CelebA.html (Google Drive "
         "ids: " + ", ".join(f"{k} {v}" for k, v in DRIVE_IDS.items()) + ") and put it in the raw "
@@ -86,8 +87,7 @@ def make_celeba(out: str | Path, *, origin: str = "", md5: tuple = (),
                 normalize: bool = False, workers: int = 0) -> Path:
     check_options(sampling, sf, iu, k, split, tf)
     sums = expected_md5(RAW_FILES, md5)
-    paths = fetch(sums, origin, raw_dir, alternatives={"img_align_celeba.zip": "img_align_celeba"},
-                  hint=HINT)
+    paths = fetch(sums, origin, raw_dir, alternatives=ALTERNATIVES, hint=HINT)
     celebs = read_identities(paths["identity_CelebA.txt"])
     label = read_attribute(paths["list_attr_celeba.txt"], attribute)
     images = [img for imgs in celebs.values() for img in imgs]
@@ -118,5 +118,6 @@ def make_celeba(out: str | Path, *, origin: str = "", md5: tuple = (),
 
 
 make_celeba.raw_files = RAW_FILES
+make_celeba.raw_alternatives = ALTERNATIVES
 make_celeba.cli_aliases = {"origin": ["--source"], "sampling": ["-s"], "k": ["-k"],
                            "split": ["-t"], "seed": ["--smplseed"], "split_seed": ["--spltseed"]}
