@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 from pathlib import Path
 
+import numpy as np
 import PIL
 
 from mcfl.data.leaf import DataSourceError
@@ -63,51 +65,55 @@ def class_label(hexcode: str) -> int:
     raise DataSourceError(f"by_class folder {hexcode!r} is not the hex code of a digit or letter")
 
 
-def _members(names: list[str], top: str, depth: int) -> list[tuple[list[str], str]]:
-    """``(path parts below top, name)`` of the PNGs exactly ``depth`` levels below ``top``, in the
-    order of nested sorted directory listings."""
-    out = []
+def _members(names: list[str], top: str, depth: int, field) -> list[tuple[str, object]]:
+    """``(name, field(parts below top))`` of the PNGs exactly ``depth`` levels below ``top`` for
+    which ``field`` is not None, in the order of nested sorted directory listings."""
+    keyed = []
     for name in names:
         parts = name.split("/")
         if top not in parts or not name.lower().endswith(".png"):
             continue
         rest = parts[parts.index(top) + 1:]
-        if len(rest) == depth:
-            out.append((name.replace("/", "\x00"), rest, name))
-    out.sort(key=lambda t: t[0])            # '/' sorts first: the order of sorted os.listdir walks
-    return [(rest, name) for _, rest, name in out]
+        if len(rest) == depth and (value := field(rest)) is not None:
+            keyed.append((name.replace("/", "\x00"), name, value))   # '/' sorts before any character
+    keyed.sort(key=lambda t: t[0])
+    return [(name, value) for _, name, value in keyed]
 
 
 def class_by_hash(archive: Archive) -> dict[bytes, int]:
     """MD5 digest of each by_class image -> label; the first image in path order wins."""
-    classes: dict[bytes, int] = {}
     label_of: dict[str, int] = {}
-    n = 0
-    for (hexcode, sub, _), name in _members(archive.names, "by_class", 3):
+
+    def label(rest):                   # by_class/<hex>/<hsf_n, not train_xx or *.mit>/<image>
+        hexcode, sub, _ = rest
         if "hsf" not in sub or "mit" in sub:
-            continue
+            return None
         if hexcode not in label_of:
             label_of[hexcode] = class_label(hexcode)
-        classes.setdefault(hashlib.md5(archive.read(name)).digest(), label_of[hexcode])
-        n += 1
-    if not n:
+        return label_of[hexcode]
+
+    members = _members(archive.names, "by_class", 3, label)
+    if not members:
         raise DataSourceError(f"{archive.path}: no by_class/<hex>/hsf_*/<image>.png members")
-    log.info("%s: hashed %d images of %d classes", archive.path, n, len(label_of))
+    classes: dict[bytes, int] = {}
+    for name, lab in members:
+        classes.setdefault(hashlib.md5(archive.read(name)).digest(), lab)
+    log.info("%s: hashed %d images of %d classes", archive.path, len(members), len(label_of))
     return classes
 
 
 def writer_images(archive: Archive) -> tuple[list[str], list[tuple[str, list[int]]]]:
     """by_write image names in path order and the writers as ``(writer, [indices into names])``,
     grouping consecutive images of one writer as LEAF's ``group_by_writer.py`` does."""
-    members = _members(archive.names, "by_write", 4)
+    members = _members(archive.names, "by_write", 4, lambda rest: sys.intern(rest[1]))
     if not members:
         raise DataSourceError(f"{archive.path}: no by_write/<hsf>/<writer>/<type>/<image>.png members")
     writers: list[tuple[str, list[int]]] = []
-    for i, ((_, writer, _, _), _) in enumerate(members):
+    for i, (_, writer) in enumerate(members):
         if not writers or writers[-1][0] != writer:
             writers.append((writer, []))
         writers[-1][1].append(i)
-    return [name for _, name in members], writers
+    return [name for name, _ in members], writers
 
 
 def writer_shards(writers: list[tuple[str, list[int]]], leaf_compat: bool) -> dict[str, Shard]:
@@ -139,18 +145,18 @@ def make_femnist(out: str | Path, *, origin: str = NIST_URL, md5: tuple = (),
         log.info("%s: %d images by %d writers", by_write.path, len(names), len(writers))
         clients = leaf_split(writer_shards(writers, leaf_compat), sampling=sampling, sf=sf, iu=iu,
                              k=k, tf=tf, seed=seed, split_seed=split_seed)
-        digests: dict[int, bytes] = {}
+        label = np.full(len(names), -1, dtype=np.int16)       # filled as members are read
 
         def remember(ref: int, blob: bytes) -> None:
-            digests[ref] = hashlib.md5(blob).digest()
+            label[ref] = classes.get(hashlib.md5(blob).digest(), -1)
 
         def labels(refs):
-            missing = [names[r] for r in refs if digests[r] not in classes]
+            missing = [names[r] for r in refs if label[r] < 0]
             if missing:
                 raise DataSourceError(f"{by_write.path}: {missing[0]} (and {len(missing) - 1} more) "
                                       f"has no image with the same content in by_class.zip, so it "
                                       f"has no label (LEAF's match_hashes.py fails on it too)")
-            return [classes[digests[r]] for r in refs]
+            return label[refs]
 
         params = {"sampling": sampling, "sf": sf, **({"iu": iu} if sampling == "iid" else {}),
                   "k": k, "split": split, "tf": tf, "seed": seed, "split_seed": split_seed,

@@ -34,7 +34,7 @@ def femnist_pixels(names: Sequence[str], blobs: Sequence[bytes]) -> np.ndarray:
     inversion; uint8 (k, 1, 28, 28); LEAF's floats are these values / 255."""
     out = np.empty((len(blobs), 1, 28, 28), dtype=np.uint8)
     for i, (name, blob) in enumerate(zip(names, blobs)):
-        img = _open(name, blob).convert("L")
+        img = _open(name, blob, "PNG").convert("L")
         img.thumbnail((28, 28), Image.LANCZOS)
         if img.size != (28, 28):
             raise DataSourceError(f"{name}: thumbnail is {img.size[0]}x{img.size[1]}, expected 28x28 "
@@ -50,14 +50,14 @@ def celeba_pixels(names: Sequence[str], blobs: Sequence[bytes]) -> np.ndarray:
     uint8 (k, 3, 84, 84), channels first."""
     out = np.empty((len(blobs), 3, 84, 84), dtype=np.uint8)
     for i, (name, blob) in enumerate(zip(names, blobs)):
-        img = _open(name, blob).resize((84, 84), Image.BICUBIC).convert("RGB")
+        img = _open(name, blob, "JPEG").resize((84, 84), Image.BICUBIC).convert("RGB")
         out[i] = np.asarray(img).transpose(2, 0, 1)
     return out
 
 
-def _open(name: str, blob: bytes) -> Image.Image:
+def _open(name: str, blob: bytes, fmt: str) -> Image.Image:
     try:
-        img = Image.open(io.BytesIO(blob))
+        img = Image.open(io.BytesIO(blob), formats=(fmt,))     # no probing of other formats
         img.load()
         return img
     except (OSError, SyntaxError) as e:
