@@ -144,27 +144,37 @@ def _compact(x: np.ndarray | None) -> np.ndarray | None:
 
 def _import_images(src, out, ids, train, test, images, n_classes, workers):
     from mcfl.data.leaf.archive import Archive
-    from mcfl.data.leaf.images import celeba_pixels, decode_members, resolve_workers
+    from mcfl.data.leaf.images import celeba_pixels, write_split_store
 
     if not images:
         raise DataSourceError(f"{src}: x holds image file names (LEAF's CelebA); pass --images with "
                               f"the img_align_celeba folder or zip")
     with Archive(images) as archive:
         member = {n.rsplit("/", 1)[-1]: n for n in archive.names}
+        ref: dict[str, int] = {}                  # image name -> index into `names` / `labels`
+        labels: list[int] = []
         clients = []
         for u in ids:
-            parts = {}
-            for split, users in (("train", train), ("test", test)):
+            refs = []
+            for users in (train, test):
                 x, y, f = users.get(u, ([], [], ""))
-                bad = [v for v in x if not isinstance(v, str) or v not in member]
-                if bad:
-                    raise DataSourceError(f"{f}: user {u!r}: {bad[0]!r} is not an image in {images}")
-                pix = list(decode_members(archive, [member[v] for v in x], celeba_pixels,
-                                          workers=resolve_workers(workers)))
-                parts[split] = (np.concatenate(pix) if pix else np.zeros((0, 3, 84, 84), np.uint8),
-                                _labels(y, f"{f}: user {u!r}"))
-            clients.append(ClientData(u, *parts["train"], *parts["test"]))
-    return _write(out, clients, src, n_classes, 1.0)
+                for name, lab in zip(x, _labels(y, f"{f}: user {u!r}").tolist()):
+                    if not isinstance(name, str) or name not in member:
+                        raise DataSourceError(f"{f}: user {u!r}: {name!r} is not an image in {images}")
+                    if name not in ref:
+                        ref[name] = len(labels)
+                        labels.append(lab)
+                    elif labels[ref[name]] != lab:
+                        raise DataSourceError(f"{f}: user {u!r}: {name} has two different labels")
+                    refs.append(ref[name])
+            clients.append((u, refs[:len(train[u][1])], refs[len(train[u][1]):]))
+        top = max(labels)
+        if n_classes is not None and n_classes <= top:
+            raise DataSourceError(f"{src}: labels go up to {top} but n_classes is {n_classes}")
+        return write_split_store(out, clients, archive, [member[n] for n in ref], celeba_pixels,
+                                 labels=np.asarray(labels), n_classes=n_classes or top + 1,
+                                 source="leaf-json", params={"from": Path(src).name}, x_scale=1.0,
+                                 workers=workers)
 
 
 def _write(out, clients, src, n_classes, x_scale):
