@@ -3,12 +3,14 @@ their faults, archive safety, LEAF JSON import/export, and the CLI. All offline,
 here in the NIST SD19 and CelebA layouts."""
 
 import hashlib
+import io
 import json
+import random
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import leaf_helpers as H
 import leaf_oracle as O
@@ -104,8 +106,6 @@ def test_femnist_labels_pixels_and_class_mapping(nist, tmp_path):
         assert x.shape[1:] == (1, 28, 28) and 0 <= x.min() and x.max() <= 1
         assert x.mean() > 0.6                     # no inversion: white background ~1, ink ~0
     with zipfile.ZipFile(nist.by_write) as z:   # one image by hand: LEAF's thumbnail / 255
-        from PIL import Image
-        import io
         member = sorted(nist.writers[d.client_ids[0]])[0][0]
         img = Image.open(io.BytesIO(z.read(member))).convert("L")
         img.thumbnail((28, 28), Image.LANCZOS)
@@ -124,7 +124,6 @@ def test_femnist_is_deterministic_and_parallel_equals_serial(nist, tmp_path, mon
 # -------------------------------------------------------------------------------- LEAF sampling
 def test_leaf_sampling_rules_by_hand():
     assert [len(g) for g in iid_divide(list(range(11)), 3)] == [3, 4, 4]     # short groups first
-    import random
     shards = {"all_data_0.json": [("a", list(range(5))), ("b", list(range(10, 13)))]}
     out = sample_niid(shards, 0.5, random.Random(0))        # int(0.5 * 8) = 4 samples
     (name, users), = out.items()
