@@ -6,6 +6,8 @@
     mcfl init-centres --run JSON --store DIR --out FILE
     mcfl train --run JSON --store DIR --out DIR [--centres FILE] [--checkpoint FILE]
     mcfl report --out results RUN_DIR [RUN_DIR ...]
+    mcfl download femnist --out data/raw/femnist  # LEAF raw files (see mcfl.data.leaf.cli)
+    mcfl import-leaf DIR --out STORE / mcfl export-leaf STORE --out DIR
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 import logging
 import sys
 from pathlib import Path
+
+from mcfl.data.leaf import cli as leaf_cli
 
 
 def _add_source_parsers(sub) -> None:
@@ -31,19 +35,20 @@ def _add_source_parsers(sub) -> None:
         doc = (inspect.getdoc(inspect.getmodule(fn)) or "").split("\n\n")[0]
         sp = srcs.add_parser(name, help=doc.splitlines()[0] if doc else name, description=doc)
         sp.add_argument("--out", required=True, help="store directory to write")
+        aliases = getattr(fn, "cli_aliases", {})     # e.g. LEAF's short flags: {"k": ["-k"]}
         for pname, par in inspect.signature(fn).parameters.items():
             if par.default is par.empty:
                 continue
-            flag = "--" + pname.replace("_", "-")
+            flag = ["--" + pname.replace("_", "-"), *aliases.get(pname, ())]
             d = par.default
             if isinstance(d, bool):
-                sp.add_argument(flag, dest=pname, action=argparse.BooleanOptionalAction, default=d)
+                sp.add_argument(*flag, dest=pname, action=argparse.BooleanOptionalAction, default=d)
             elif isinstance(d, (list, tuple)):
-                sp.add_argument(flag, dest=pname, action="append", default=None,
+                sp.add_argument(*flag, dest=pname, action="append", default=None,
                                 help=f"repeatable (default: {list(d)})")
             else:
                 typ = type(d) if d is not None else str
-                sp.add_argument(flag, dest=pname, type=typ, default=d, help=f"default: {d}")
+                sp.add_argument(*flag, dest=pname, type=typ, default=d, help=f"default: {d}")
 
 
 def _cmd_prepare(a) -> int:
@@ -153,11 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="aggregate run directories into tables and figures")
     p.add_argument("--out", required=True, help="output directory (table.csv, table.md, figures/)")
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.json, history.csv)")
+    leaf_cli.add_parsers(sub)                       # download, import-leaf, export-leaf
     return ap
 
 
 COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
-            "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report}
+            "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
+            **leaf_cli.COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,13 +21,15 @@ import shlex
 
 
 rule prepare:
+    input:
+        raw_inputs,
     output:
         directory(DATA + "/{dataset}"),
     log:
         "logs/prepare/{dataset}.log",
     params:
         prepare=lambda w: canonical_json(config["datasets"][w.dataset]["prepare"]),
-        args=lambda w: prepare_args(w.dataset),
+        args=lambda w: f"{prepare_args(w.dataset)} {raw_dir_arg(w.dataset)}",
     shell:
         "mcfl prepare {params.args} --out {output} > {log} 2>&1"
 

@@ -15,6 +15,8 @@ __all__ = ["ClientData", "FederatedData", "StoreError", "load", "write_store", "
 SOURCES = {
     "digits": "mcfl.data.digits:make_digits",
     "synthetic": "mcfl.data.synthetic:make_synthetic",
+    "femnist": "mcfl.data.leaf.femnist:make_femnist",
+    "celeba": "mcfl.data.leaf.celeba:make_celeba",
 }
 
 

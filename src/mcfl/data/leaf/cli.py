@@ -1,0 +1,73 @@
+"""The LEAF subcommands of ``mcfl`` (added to its parser by :mod:`mcfl.cli`)::
+
+    mcfl download femnist --out data/raw/femnist [--source URL_OR_DIR] [--md5 NAME=HEX] [--file NAME]
+    mcfl import-leaf DIR --out STORE [--images IMG_DIR_OR_ZIP] [--n-classes N]
+    mcfl export-leaf STORE --out DIR
+"""
+
+from __future__ import annotations
+
+import inspect
+
+
+def leaf_sources() -> dict:
+    """Source name -> function, for the sources that have raw files to download."""
+    from mcfl.config import _source_fn
+    from mcfl.data import SOURCES
+
+    return {n: _source_fn(n) for n in SOURCES if hasattr(_source_fn(n), "raw_files")}
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("download", help="download and verify a LEAF source's raw files")
+    p.add_argument("source", choices=sorted(leaf_sources()))
+    p.add_argument("--out", required=True, help="raw directory (e.g. data/raw/femnist)")
+    p.add_argument("--source", "--origin", dest="origin", default=None,
+                   help="base URL or local directory holding the files (default: the source's)")
+    p.add_argument("--md5", action="append", default=[], help="NAME=HEX: expected MD5 of NAME (repeatable)")
+    p.add_argument("--file", action="append", default=None, help="only this file (repeatable)")
+    p = sub.add_parser("import-leaf", help="read LEAF train/ and test/ JSON into a store")
+    p.add_argument("dir", help="LEAF data directory holding train/ and test/")
+    p.add_argument("--out", required=True, help="store directory to write")
+    p.add_argument("--images", help="img_align_celeba folder or zip, when x holds CelebA file names")
+    p.add_argument("--n-classes", type=int, help="number of classes (default: largest label + 1)")
+    p = sub.add_parser("export-leaf", help="write a store as LEAF JSON (all_data/, train/, test/)")
+    p.add_argument("store")
+    p.add_argument("--out", required=True, help="directory to write")
+
+
+def _cmd_download(a) -> int:
+    from mcfl.data.leaf.fetch import expected_md5, fetch
+
+    fn = leaf_sources()[a.source]
+    params = inspect.signature(fn).parameters
+    origin = a.origin if a.origin is not None else params["origin"].default
+    sums = expected_md5(fn.raw_files, a.md5)
+    unknown = sorted(set(a.file or ()) - set(sums))
+    if unknown:
+        raise ValueError(f"--file {unknown[0]}: not a raw file of {a.source}; known: {sorted(sums)}")
+    files = {n: m for n, m in sums.items() if not a.file or n in a.file}
+    hint = getattr(inspect.getmodule(fn), "HINT", "")
+    for name, path in fetch(files, origin, a.out, copy=True, hint=hint).items():
+        print(f"{path}: OK (MD5 {files[name]})")
+    return 0
+
+
+def _cmd_import_leaf(a) -> int:
+    from mcfl.data import load
+    from mcfl.data.leaf.leafjson import import_leaf
+
+    d = load(import_leaf(a.dir, a.out, images=a.images, n_classes=a.n_classes))
+    print(f"{a.out}: {d.n_clients} clients, {d.meta['n_train']} train / {d.meta['n_test']} test "
+          f"samples, {d.n_classes} classes, x {d.x_shape} {d.meta['x_dtype']}")
+    return 0
+
+
+def _cmd_export_leaf(a) -> int:
+    from mcfl.data.leaf.leafjson import export_leaf
+
+    print(f"{export_leaf(a.store, a.out)}: LEAF JSON written (all_data/, train/, test/)")
+    return 0
+
+
+COMMANDS = {"download": _cmd_download, "import-leaf": _cmd_import_leaf, "export-leaf": _cmd_export_leaf}

@@ -1,0 +1,221 @@
+"""LEAF's JSON format in and out of the store: ``mcfl import-leaf`` and ``mcfl export-leaf``.
+
+A LEAF data directory has ``train/`` and ``test/`` (and ``all_data/``) holding ``*.json`` files of
+``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}``.
+
+Import reads every ``*.json`` of ``train/`` and ``test/`` (sorted; users may spread over files, as
+LEAF's shards do) and writes one client per user, sorted by user id as LEAF's reference loader does.
+Every test user must also be a train user (LEAF's ``-t sample``). Inputs:
+
+* numeric ``x`` vectors: stored uint8 with ``x_scale = 1/255`` when every value is k/255 (FEMNIST;
+  exact), float32 otherwise; 784 values become (1, 28, 28), 3*84*84 values (3, 84, 84);
+* CelebA's image-file names: decoded from ``images`` (``img_align_celeba/`` or its zip) exactly as
+  ``mcfl prepare celeba`` does;
+* ``y``: integers (CelebA's 0.0/1.0 floats too); ``n_classes`` defaults to the largest label + 1.
+
+Malformed input (bad JSON, a missing key, x/y lengths that differ, a non-numeric pixel, ...) is an
+error naming the file and the user. Export writes ``all_data/`` (train then test samples of each
+user), ``train/`` and ``test/``, 100 users per file, x as flat row-major lists of floats
+(``stored * x_scale``; uint8 / 255 gives LEAF's FEMNIST values), so a round trip is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from mcfl.data.leaf import DataSourceError
+from mcfl.data.store import ClientData, load, write_store
+from mcfl.io import atomic_path
+
+USERS_PER_FILE = 100
+SHAPES = {784: (1, 28, 28), 3 * 84 * 84: (3, 84, 84)}
+
+
+def read_leaf_split(folder: Path) -> dict[str, tuple[list, list, str]]:
+    """user -> (x, y, file) over every ``*.json`` of ``folder``, each file checked."""
+    files = sorted(folder.glob("*.json"))
+    if not folder.is_dir() or not files:
+        raise DataSourceError(f"{folder}: missing or holds no *.json files (expected LEAF's "
+                              f"train/ and test/ directories)")
+    users: dict[str, tuple[list, list, str]] = {}
+    for f in files:
+        try:
+            data = json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataSourceError(f"{f}: not valid JSON ({e})") from None
+        for key in ("users", "user_data"):
+            if not isinstance(data, dict) or key not in data:
+                raise DataSourceError(f"{f}: missing key {key!r}")
+        counts = data.get("num_samples", [None] * len(data["users"]))
+        if not isinstance(data["users"], list) or len(counts) != len(data["users"]):
+            raise DataSourceError(f"{f}: 'users' and 'num_samples' must be lists of equal length")
+        for user, n in zip(data["users"], counts):
+            where = f"{f}: user {user!r}"
+            entry = data["user_data"].get(user) if isinstance(data["user_data"], dict) else None
+            if not isinstance(entry, dict):
+                raise DataSourceError(f"{where}: missing from 'user_data'")
+            for key in ("x", "y"):
+                if not isinstance(entry.get(key), list):
+                    raise DataSourceError(f"{where}: missing key {key!r} (a list)")
+            x, y = entry["x"], entry["y"]
+            if len(x) != len(y):
+                raise DataSourceError(f"{where}: x has {len(x)} samples but y has {len(y)}")
+            if n is not None and n != len(y):
+                raise DataSourceError(f"{where}: num_samples says {n} but there are {len(y)} samples")
+            if user in users:
+                raise DataSourceError(f"{where}: also in {users[user][2]}")
+            users[user] = (x, y, str(f))
+    return users
+
+
+def _numeric(values: list, where: str, what: str) -> np.ndarray:
+    """``values`` as a float64 array, or an error naming the first non-numeric entry."""
+    bad = "non-numeric"
+    try:
+        a = np.array(values)
+        if a.dtype.kind in "iuf":
+            return a.astype(np.float64)
+    except ValueError:
+        bad = "ragged (samples of different lengths)"
+    flat = values if what == "y" else [v for row in values for v in (row if isinstance(row, list) else [row])]
+    for v in flat:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise DataSourceError(f"{where}: {what} has a non-numeric value {v!r}")
+    raise DataSourceError(f"{where}: {what} is {bad}")
+
+
+def _labels(y: list, where: str) -> np.ndarray:
+    a = _numeric(y, where, "y")
+    if a.ndim != 1 or not np.all(np.isfinite(a)) or np.any(a != np.round(a)) or np.any(a < 0):
+        raise DataSourceError(f"{where}: y must be non-negative integers")
+    return a.astype(np.int64)
+
+
+def import_leaf(src: str | Path, out: str | Path, *, images: str | None = None,
+                n_classes: int | None = None, workers: int = 0) -> Path:
+    """Read a LEAF data directory (``train/``, ``test/``) into a store at ``out``."""
+    src = Path(src)
+    train, test = read_leaf_split(src / "train"), read_leaf_split(src / "test")
+    extra = sorted(set(test) - set(train))
+    if extra:
+        raise DataSourceError(f"{test[extra[0]][2]}: user {extra[0]!r} has test data but no "
+                              f"training data (a store needs LEAF's -t sample split)")
+    ids = sorted(train)
+    filenames = any(isinstance(v, str) for x, _, _ in train.values() for v in x[:1])
+    if filenames:
+        return _import_images(src, out, ids, train, test, images, n_classes, workers)
+    dim, parts = None, {}
+    for split, users in (("train", train), ("test", test)):
+        for u in ids:
+            x, y, f = users.get(u, ([], [], ""))
+            where = f"{f}: user {u!r}"
+            xa = _numeric(x, where, "x") if x else None
+            if xa is not None and (xa.ndim != 2 or xa.shape[1] != (dim or xa.shape[1])):
+                raise DataSourceError(f"{where}: x must hold vectors of {dim or 'equal'} numbers")
+            dim = dim or (xa.shape[1] if xa is not None else None)
+            parts[split, u] = (_compact(xa), _labels(y, where))
+    exact = all(x is None or x.dtype == np.uint8 for x, _ in parts.values())
+    shape = SHAPES.get(dim, (dim,))
+
+    def conv(x):
+        if x is None:
+            return np.zeros((0, *shape), np.uint8 if exact else np.float32)
+        x = x if exact or x.dtype != np.uint8 else (x / 255).astype(np.float32)
+        return x.reshape(len(x), *shape)
+
+    clients = [ClientData(u, conv(parts["train", u][0]), parts["train", u][1],
+                          conv(parts["test", u][0]), parts["test", u][1]) for u in ids]
+    return _write(out, clients, src, n_classes, 1 / 255 if exact else 1.0)
+
+
+def _compact(x: np.ndarray | None) -> np.ndarray | None:
+    """uint8 when every value is k/255 (LEAF's FEMNIST pixels; exact), else float32."""
+    if x is None:
+        return None
+    q = np.round(x * 255)
+    if np.all((x >= 0) & (x <= 1)) and np.all(np.abs(x * 255 - q) < 1e-6):
+        return q.astype(np.uint8)
+    return x.astype(np.float32)
+
+
+def _import_images(src, out, ids, train, test, images, n_classes, workers):
+    from mcfl.data.leaf.archive import Archive
+    from mcfl.data.leaf.images import celeba_pixels, write_split_store
+
+    if not images:
+        raise DataSourceError(f"{src}: x holds image file names (LEAF's CelebA); pass --images with "
+                              f"the img_align_celeba folder or zip")
+    with Archive(images) as archive:
+        member = {n.rsplit("/", 1)[-1]: n for n in archive.names}
+        ref: dict[str, int] = {}                  # image name -> index into `names` / `labels`
+        labels: list[int] = []
+        clients = []
+        for u in ids:
+            refs = []
+            for users in (train, test):
+                x, y, f = users.get(u, ([], [], ""))
+                for name, lab in zip(x, _labels(y, f"{f}: user {u!r}").tolist()):
+                    if not isinstance(name, str) or name not in member:
+                        raise DataSourceError(f"{f}: user {u!r}: {name!r} is not an image in {images}")
+                    if name not in ref:
+                        ref[name] = len(labels)
+                        labels.append(lab)
+                    elif labels[ref[name]] != lab:
+                        raise DataSourceError(f"{f}: user {u!r}: {name} has two different labels")
+                    refs.append(ref[name])
+            clients.append((u, refs[:len(train[u][1])], refs[len(train[u][1]):]))
+        top = max(labels)
+        if n_classes is not None and n_classes <= top:
+            raise DataSourceError(f"{src}: labels go up to {top} but n_classes is {n_classes}")
+        return write_split_store(out, clients, archive, [member[n] for n in ref], celeba_pixels,
+                                 labels=np.asarray(labels), n_classes=n_classes or top + 1,
+                                 source="leaf-json", params={"from": Path(src).name}, x_scale=1.0,
+                                 workers=workers)
+
+
+def _write(out, clients, src, n_classes, x_scale):
+    top = max(int(c.y_train.max(initial=0)) for c in clients)
+    top = max([top] + [int(c.y_test.max(initial=0)) for c in clients])
+    if n_classes is not None and n_classes <= top:
+        raise DataSourceError(f"{src}: labels go up to {top} but n_classes is {n_classes}")
+    return write_store(out, clients, n_classes=n_classes or top + 1, source="leaf-json",
+                       params={"from": Path(src).name}, x_scale=x_scale)
+
+
+def _floats(x: np.ndarray, scale: float) -> list:
+    """Stored values as LEAF floats: x / 255 exactly when x_scale = 1/255."""
+    flat = x.reshape(len(x), -1)
+    inv = 1 / scale
+    if abs(inv - round(inv)) < 1e-9:
+        return (flat / float(round(inv))).tolist()
+    return (flat.astype(np.float64) * scale).tolist()
+
+
+def export_leaf(store: str | Path, out: str | Path) -> Path:
+    """Write a store as a LEAF data directory (``all_data/``, ``train/``, ``test/``) at ``out``."""
+    d = load(store)
+    n = d.n_clients
+    with atomic_path(out, is_dir=True) as tmp:
+        for sub in ("all_data", "train", "test"):
+            (tmp / sub).mkdir()
+        for j in range(math.ceil(n / USERS_PER_FILE)):
+            ids = range(j * USERS_PER_FILE, min(n, (j + 1) * USERS_PER_FILE))
+            sets = {"train": {}, "test": {}, "all_data": {}}
+            for i in ids:
+                u = d.client_ids[i]
+                for split, (a, b) in (("train", d.offsets_train[i:i + 2]), ("test", d.offsets_test[i:i + 2])):
+                    x = np.asarray(getattr(d, f"x_{split}")[a:b])
+                    sets[split][u] = {"x": _floats(x, d.x_scale),
+                                      "y": np.asarray(getattr(d, f"y_{split}")[a:b]).tolist()}
+                sets["all_data"][u] = {k: sets["train"][u][k] + sets["test"][u][k] for k in ("x", "y")}
+            for split, user_data in sets.items():
+                users = list(user_data)
+                doc = {"users": users, "num_samples": [len(user_data[u]["y"]) for u in users],
+                       "user_data": user_data}
+                name = f"all_data_{j}.json" if split == "all_data" else f"all_data_{j}_{split}.json"
+                (tmp / split / name).write_text(json.dumps(doc))
+    return Path(out)

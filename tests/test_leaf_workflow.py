@@ -1,0 +1,50 @@
+"""The Snakemake DAG from nothing to a table on LEAF FEMNIST (a NIST-layout archive from a local
+folder), and dry runs of the paper configurations."""
+
+import pandas as pd
+import pytest
+import yaml
+
+import leaf_helpers as H
+from conftest import ROOT
+from mcfl.data import load, prepare
+from test_workflow import job_counts, snakemake, write_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_download_prepare_train_report_on_femnist(tmp_path, cli_env):
+    nist = H.make_nist(tmp_path / "mirror", n_writers=8, sizes=(4, 9))
+    prep = {"source": "femnist", "origin": str(tmp_path / "mirror"), "md5": nist.md5(), "tf": 0.8,
+            "seed": 1, "split_seed": 2, "workers": 1}
+    cfg = {"experiment": "leaf-wf", "seeds": [0], "tracking": False,
+           "datasets": {"femnist": {"prepare": prep, "model": {"name": "femnist_cnn", "hidden": 16},
+                                    "train": {"rounds": 2, "lr": 0.01, "eval_every": 1,
+                                              "clients_per_round": 4}}},
+           "methods": [{"method": "FedAvg"}]}
+    write_config(tmp_path, cfg)
+    r = snakemake(tmp_path, cli_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    raw = tmp_path / "data" / "raw" / "femnist"
+    assert (raw / "by_class.zip").read_bytes() == nist.by_class.read_bytes()
+    direct = load(prepare("femnist", tmp_path / "direct", origin=str(tmp_path / "mirror"),
+                          md5=nist.md5(), raw_dir=str(tmp_path / "unused"), tf=0.8, seed=1,
+                          split_seed=2, workers=1))
+    assert load(tmp_path / "data" / "femnist").content_hash == direct.content_hash
+    assert pd.read_csv(tmp_path / "results" / "table.csv")["method"].tolist() == ["FedAvg"]
+
+    prep["tf"] = 0.7                        # a split setting: re-prepare and retrain, no download
+    write_config(tmp_path, cfg)
+    assert job_counts(snakemake(tmp_path, cli_env, "-n").stdout) == \
+        {"prepare": 1, "train": 1, "report": 1, "all": 1}
+
+
+@pytest.mark.parametrize("name, downloads", [("paper-femnist", 2), ("paper-celeba", 3)])
+def test_paper_configs_plan_download_prepare_and_every_method(tmp_path, cli_env, name, downloads):
+    cfg = yaml.safe_load((ROOT / "config" / f"{name}.yaml").read_text())
+    write_config(tmp_path, cfg)
+    r = snakemake(tmp_path, cli_env, "-n")
+    assert r.returncode == 0, r.stderr[-3000:]
+    counts = job_counts(r.stdout)
+    assert counts["download"] == downloads and counts["prepare"] == 1
+    assert counts["train"] == 5 * len(cfg["seeds"])           # FedAvg, NoFed, FeSEM(2, 3, 4)

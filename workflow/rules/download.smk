@@ -1,0 +1,57 @@
+# LEAF sources (femnist, celeba): their raw files are downloaded (or copied from a local folder)
+# once per source into DATA/raw/<source>/ and MD5-checked; `prepare` takes them as input through
+# raw_inputs() (nothing for the embedded sources) and reads them from there (--raw-dir).
+import re
+import shlex
+
+from mcfl.data.leaf.cli import leaf_sources
+
+RAW = DATA + "/raw"
+LEAF_RAW = leaf_sources()      # source -> its function (with .raw_files)
+
+
+def leaf_fetch_settings(source):
+    """`origin` and `md5` of the datasets prepared from `source` (they share one download)."""
+    blocks = [d["prepare"] for d in config["datasets"].values() if d["prepare"]["source"] == source]
+    found = {canonical_json({k: b.get(k) for k in ("origin", "md5")}) for b in blocks}
+    if len(found) > 1:
+        raise WorkflowError(f"datasets prepared from {source} must agree on origin and md5: {sorted(found)}")
+    return json.loads(found.pop()) if found else {}
+
+
+def raw_inputs(w):
+    """The raw files of a LEAF dataset (an extracted folder where one sits in place of its zip)."""
+    fn = LEAF_RAW.get(config["datasets"][w.dataset]["prepare"]["source"])
+    if fn is None:
+        return []
+    src = config["datasets"][w.dataset]["prepare"]["source"]
+    alt = getattr(fn, "raw_alternatives", {})
+    return [f"{RAW}/{src}/{alt[f]}" if f in alt and os.path.isdir(f"{RAW}/{src}/{alt[f]}")
+            else f"{RAW}/{src}/{f}" for f in fn.raw_files]
+
+
+def raw_dir_arg(dataset):
+    src = config["datasets"][dataset]["prepare"]["source"]
+    return f"--raw-dir {shlex.quote(RAW + '/' + src)}" if src in LEAF_RAW else ""
+
+
+def download_args(w):
+    s = leaf_fetch_settings(w.source)
+    args = [f"--source {shlex.quote(s['origin'])}"] if s.get("origin") else []
+    return " ".join(args + [f"--md5 {shlex.quote(m)}" for m in s.get("md5") or []])
+
+
+rule download:
+    output:
+        RAW + "/{source}/{file}",
+    log:
+        "logs/download/{source}/{file}.log",
+    params:
+        args=download_args,
+        raw=lambda w: f"{RAW}/{w.source}",
+    wildcard_constraints:
+        source="|".join(LEAF_RAW) or "^$",
+        file="|".join(re.escape(f) for fn in LEAF_RAW.values() for f in fn.raw_files) or "^$",
+    shell:
+        "mcfl download {wildcards.source} --file {wildcards.file} --out {params.raw} {params.args} "
+        "> {log} 2>&1"
