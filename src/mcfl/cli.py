@@ -171,13 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
-    from mcfl.config import ConfigError
-    from mcfl.data.store import StoreError
-    from mcfl.engine import DivergenceError
+    from mcfl.errors import DivergenceError
 
     try:
         return COMMANDS[args.cmd](args)
-    except (ConfigError, StoreError, DivergenceError, ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, DivergenceError) as e:   # ConfigError, StoreError too
         print(f"mcfl {args.cmd}: error: {e}", file=sys.stderr)
         return 1
 

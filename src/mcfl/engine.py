@@ -32,10 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mcfl.data.store import FederatedData
-
-
-class DivergenceError(RuntimeError):
-    """Training produced a NaN/inf loss or weight; the message names the round and the client."""
+from mcfl.errors import DivergenceError  # noqa: F401 (re-exported)
 
 
 def derive_seed(*key: int) -> int:

@@ -157,7 +157,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
 
 
 def _check_finite(row: dict, rnd: int) -> None:
-    from mcfl.engine import DivergenceError
+    from mcfl.errors import DivergenceError
 
     bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
