@@ -15,6 +15,8 @@ import dataclasses
 import inspect
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -160,7 +162,15 @@ COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods
             "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report}
 
 
+def _terminate(signum, frame):
+    """SIGTERM (Snakemake stopping a job, a scheduler's time limit) unwinds like Ctrl-C: temporary
+    files are removed, the MLflow run is marked KILLED, and the last checkpoint stays to resume."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # cuBLAS reads this when CUDA first uses it; set here, before anything can (see runner.configure_torch)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
@@ -168,11 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     from mcfl.data.store import StoreError
     from mcfl.engine import DivergenceError
 
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return COMMANDS[args.cmd](args)
     except (ConfigError, StoreError, DivergenceError, ValueError, FileNotFoundError) as e:
         print(f"mcfl {args.cmd}: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
