@@ -5,6 +5,7 @@ algorithm, so a new method is checked against the state contract of ``algorithms
 """
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ METHODS = sorted(algorithms.ALGORITHMS)
 
 def small_params(method: str) -> dict:
     """Default hyperparameters, with K=2 and few k-means restarts where a method has them."""
-    fields = {f.name for f in __import__("dataclasses").fields(algorithms.get(method).Params)}
+    fields = {f.name for f in dataclasses.fields(algorithms.get(method).Params)}
     return {k: v for k, v in (("K", 2), ("restarts", 2)) if k in fields}
 
 
@@ -258,6 +259,63 @@ def test_snakemake_rerun_incomplete_resumes_a_killed_job(tmp_path, cli_env):
     _, runs = mlflow_runs(cli_env["MLFLOW_TRACKING_URI"], "ri-test")
     jobs = [r for r in runs if r.data.tags.get("sweep") != "true"]
     assert len(jobs) == 1 and jobs[0].info.status == "FINISHED"
+
+
+def test_resumed_mlflow_run_records_each_round_once(digits_store, tmp_path, mlflow_uri):
+    """A job killed after MLflow already holds rounds beyond its checkpoint: the resumed job
+    continues the same MLflow run without recording any round twice."""
+    from mcfl.track import MLflowTracker
+
+    class Dying(MLflowTracker):                    # sends every metric at once, dies in round 5
+        def log(self, metrics, step):
+            if step == 5:
+                raise KeyboardInterrupt
+            super().log(metrics, step)
+
+    run = make_run(rounds=6, checkpoint_every=3, eval_every=2)
+    ck = tmp_path / "ck.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train(run, digits_store, tmp_path / "out", checkpoint=ck, tracker=Dying("test", flush_every=1),
+              progress=False)
+    client, runs = mlflow_runs(mlflow_uri, "test")
+    (killed,) = runs
+    assert killed.info.status == "KILLED"
+    assert max(m.step for m in client.get_metric_history(killed.info.run_id, "train_loss")) == 4
+    train(run, digits_store, tmp_path / "out", checkpoint=ck, tracker=MLflowTracker("test"), progress=False)
+    _, runs = mlflow_runs(mlflow_uri, "test")
+    assert [r.info.run_id for r in runs] == [killed.info.run_id] and runs[0].info.status == "FINISHED"
+    hist = pd.read_csv(tmp_path / "out" / "history.csv")
+    for key in ("train_loss", "micro_acc"):
+        got = sorted((m.step, m.value) for m in client.get_metric_history(killed.info.run_id, key))
+        want = hist[["round", key]].dropna()
+        assert got == list(zip(want["round"], want[key].astype(float))), key
+    assert len(list((tmp_path / "mlartifacts").rglob("metrics.json"))) == 1
+
+
+def test_lock_errors_are_retried_and_logged(monkeypatch, caplog):
+    from mcfl import track
+
+    monkeypatch.setattr(track.time, "sleep", lambda s: None)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("(sqlite3.OperationalError) database is locked")
+        return "ok"
+
+    with caplog.at_level(logging.INFO, "mcfl"):
+        assert track._retry(flaky) == "ok"
+    assert len(calls) == 3 and caplog.text.count("database is locked); retry") == 2
+    with pytest.raises(KeyError):                   # anything else is not retried
+        track._retry(lambda: {}["x"])
+
+
+def test_cli_sets_cublas_workspace_before_anything_runs(monkeypatch, capsys):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert cli.main(["methods"]) == 0
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not torch.cuda.is_initialized()
 
 
 # ===================================================================================== determinism

@@ -108,8 +108,9 @@ def _load_checkpoint(path: Path | None, algo, identity: dict, device) -> dict | 
     if not mine:
         log.warning("%s belongs to another configuration or data set; starting afresh", path)
         return None
-    if ck.get("git") != identity["git"]:
-        log.warning("%s was written at revision %s, resuming at %s", path, ck.get("git"), identity["git"])
+    for key in ("git", "threads"):              # allowed, but the result may not repeat bitwise
+        if ck.get(key) != identity[key]:
+            log.warning("%s was written with %s %s, resuming with %s", path, key, ck.get(key), identity[key])
     return ck
 
 
@@ -118,7 +119,8 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 
 def configure_torch(device: torch.device, threads: int) -> None:
-    """Seeded runs are bitwise repeatable on the CPU (same machine, torch build and thread count).
+    """Seeded runs are bitwise repeatable on the CPU for one machine, torch build and thread count
+    (the thread count changes the order of float sums; it is recorded in ``metrics.json``).
     On CUDA: deterministic kernels are requested (PyTorch warns in the job log about any operation
     that has none), cuDNN autotuning is off, and cuBLAS gets a fixed workspace through
     ``CUBLAS_WORKSPACE_CONFIG``, which cuBLAS reads when it first initialises: the ``mcfl`` command
@@ -158,7 +160,8 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     fed = build_federation(data, run["model"], tcfg, run["seed"], dev, inputs)
     algo = cls(fed, params)
     run_hash = config_hash({k: run[k] for k in ("dataset", "method", "params", "model", "train", "seed")})
-    identity = {"git": git_revision(), "data_hash": data.content_hash, "run_hash": run_hash}
+    identity = {"git": git_revision(), "data_hash": data.content_hash, "run_hash": run_hash,
+                "threads": torch.get_num_threads()}
     ckpt_path = Path(checkpoint) if checkpoint else None
     ck = _load_checkpoint(ckpt_path, algo, identity, dev)
     if ck:

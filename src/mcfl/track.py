@@ -1,8 +1,9 @@
 """Experiment tracking. Only this module imports MLflow; everything else calls a :class:`Tracker`.
 
 Store: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<cwd>/mlflow.db`` (absolute, so jobs that
-change directory still find it); artifacts under ``<cwd>/mlartifacts``. For runs on several machines
-point ``MLFLOW_TRACKING_URI`` at an ``mlflow server`` (SQLite on a network filesystem is unsafe).
+change directory still find it); artifacts under ``<cwd>/mlartifacts`` (a server keeps its own).
+For runs on several machines point ``MLFLOW_TRACKING_URI`` at an ``mlflow server`` (SQLite on a
+network filesystem is unsafe).
 
 A Snakemake invocation creates the store, the experiment and one parent *sweep* run before any job
 starts (``init_sweep``, from the Snakefile's ``onstart``); each training job finds the sweep's id in
@@ -52,9 +53,10 @@ def experiment_id(client, name: str) -> str:
     exp = _retry(client.get_experiment_by_name, name)
     if exp is not None:
         return exp.experiment_id
+    local = tracking_uri().startswith(("sqlite:", "file:"))     # a server keeps its own artifact store
     try:
-        return _retry(client.create_experiment, name,
-                      artifact_location=(Path.cwd() / "mlartifacts").resolve().as_uri())
+        return _retry(client.create_experiment, name, artifact_location=(
+            (Path.cwd() / "mlartifacts").resolve().as_uri() if local else None))
     except Exception:  # created concurrently by another process
         return _retry(client.get_experiment_by_name, name).experiment_id
 
