@@ -81,7 +81,7 @@ def mlflow_runs(uri: str, experiment: str):
 def test_interrupted_run_resumes_bitwise_from_a_fresh_instance(method, digits_store, tmp_path, monkeypatch):
     """The checkpoint holds everything between rounds: a new process (new algorithm instance, no
     init()) resumed from it ends bitwise where an uninterrupted run ends."""
-    run = make_run(method=method, params=small_params(method), rounds=5, clients_per_round=8,
+    run = make_run(method=method, params=small_params(method), rounds=5, clients_per_round=4,
                    checkpoint_every=2, eval_every=2)
     full = train(run, digits_store, tmp_path / "full", progress=False)
     cls = algorithms.get(method)
@@ -219,6 +219,7 @@ def test_killed_cli_process_resumes_bitwise_and_continues_its_mlflow_run(digits_
         want = hist[["round", key]].dropna()
         got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
         assert got == list(zip(want["round"], want[key].astype(float))), f"{key} {why}"
+    print(f"resumed identically after kills at checkpoints {kills} (MCFL_FAULT_SEED={seed})")
 
 
 @pytest.mark.slow
@@ -321,7 +322,7 @@ def test_cli_sets_cublas_workspace_before_anything_runs(monkeypatch, capsys):
 # ===================================================================================== determinism
 @pytest.mark.parametrize("method", METHODS)
 def test_same_seed_repeats_bitwise_other_seed_differs(method, digits_store, tmp_path):
-    run = make_run(method=method, params=small_params(method), rounds=3, clients_per_round=8)
+    run = make_run(method=method, params=small_params(method), rounds=3, clients_per_round=4)
     a = train(run, digits_store, tmp_path / "a", progress=False)
     b = train(run, digits_store, tmp_path / "b", progress=False)
     assert a["final"] == b["final"]
@@ -344,10 +345,10 @@ def test_client_processing_order_does_not_change_results(method, digits_store):
     states = []
     for order in (1, -1):
         fed = build_federation(load(digits_store), {"name": "digits_cnn"},
-                               make_run(rounds=3, clients_per_round=8)["train"], 0)
+                               make_run(rounds=2, clients_per_round=6)["train"], 0)
         algo = cls(fed, cls.Params(**small_params(method)))
         state = algo.init()
-        for r in (1, 2, 3):
+        for r in (1, 2):
             state, _ = algo.round(state, fed.clients(r)[::order].copy(), r)
         states.append(algo.state_dict(state))
     for key, a in states[0].items():
