@@ -33,6 +33,7 @@ from mcfl.engine import DivergenceError, Task
 from mcfl.federation import build_federation
 from mcfl.io import sha256_file
 from mcfl.runner import train
+from mcfl.track import Tracker
 
 pytestmark = pytest.mark.faults
 METHODS = sorted(algorithms.ALGORITHMS)
@@ -79,8 +80,8 @@ def mlflow_runs(uri: str, experiment: str):
 # =========================================================================================== resume
 @pytest.mark.parametrize("method", METHODS)
 def test_interrupted_run_resumes_bitwise_from_a_fresh_instance(method, digits_store, tmp_path, monkeypatch):
-    """The checkpoint holds everything between rounds: a new process (new algorithm instance, no
-    init()) resumed from it ends bitwise where an uninterrupted run ends."""
+    """The checkpoint holds everything between rounds: a fresh algorithm instance (as in a new
+    process; init() is not called) resumed from it ends bitwise where an uninterrupted run ends."""
     run = make_run(method=method, params=small_params(method), rounds=5, clients_per_round=4,
                    checkpoint_every=2, eval_every=2)
     full = train(run, digits_store, tmp_path / "full", progress=False)
@@ -122,6 +123,17 @@ def test_algorithms_keep_nothing_outside_their_state(method, digits_store):
     assert all(isinstance(v, (torch.Tensor, int, float, bool)) for v in algo.state_dict(state).values())
 
 
+class _DieAt(Tracker):
+    """A tracker that interrupts the run when round ``r`` is logged."""
+
+    def __init__(self, r):
+        self.r = r
+
+    def log(self, metrics, step):
+        if step == self.r:
+            raise KeyboardInterrupt
+
+
 def test_foreign_or_corrupt_checkpoint_is_ignored(digits_store, tmp_path, caplog):
     run = make_run(rounds=2, checkpoint_every=1)
     ref = train(run, digits_store, tmp_path / "ref", progress=False)
@@ -132,29 +144,10 @@ def test_foreign_or_corrupt_checkpoint_is_ignored(digits_store, tmp_path, caplog
     assert "cannot resume" in caplog.text
     other = make_run(rounds=4, checkpoint_every=1, lr=0.05)      # killed run of another config
     with pytest.raises(KeyboardInterrupt):
-        train(other, digits_store, tmp_path / "b", checkpoint=ck, progress=False, tracker=_DieAt(2))
+        train(other, digits_store, tmp_path / "b", checkpoint=ck, progress=False, tracker=_DieAt(3))
     with caplog.at_level(logging.WARNING, "mcfl"):
         assert train(run, digits_store, tmp_path / "c", checkpoint=ck, progress=False)["final"] == ref["final"]
     assert "belongs to another configuration" in caplog.text
-
-
-class _DieAt:
-    """A tracker that interrupts the run when round ``r`` is logged (after its checkpoint)."""
-
-    def __init__(self, r):
-        self.r = r
-
-    def start(self, *a, **k):
-        return None
-
-    def log(self, metrics, step):
-        if step == self.r + 1:
-            raise KeyboardInterrupt
-
-    def flush(self):
-        pass
-
-    artifacts = end = lambda self, *a: None
 
 
 def _checkpoint_round(path: Path) -> int:
