@@ -175,7 +175,8 @@ def test_killed_cli_process_resumes_bitwise_and_continues_its_mlflow_run(digits_
     rng = random.Random(seed)
     R = 16
     kills = [rng.randint(1, 3)]
-    kills += [kills[-1] + rng.randint(3, 4) for _ in range(2)]    # three kill points, <= R - 3
+    for _ in range(2):                                             # three kill points, <= R - 3
+        kills.append(kills[-1] + rng.randint(3, 4))
     run = make_run(method="FeSEM", params={"K": 2, "restarts": 2}, rounds=R, clients_per_round=8,
                    checkpoint_every=1, eval_every=3)
     ref = train(run, digits_store, tmp_path / "ref", progress=False)

@@ -156,7 +156,8 @@ def write_store(out: str | Path, clients: Sequence[ClientData], *, n_classes: in
 
 
 def write_arrays(out: str | Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Path:
-    """Write pre-concatenated arrays plus meta (adds file hashes and the content hash) atomically."""
+    """Validate pre-concatenated arrays (:func:`check_arrays`) and write them plus meta (adds file
+    hashes and the content hash) atomically. The path for sources that build arrays directly."""
     out = Path(out)
     check_arrays(out, arrays, meta, finite=True)
     warn_untested(out, meta["client_ids"], np.diff(arrays["offsets_test"]))
