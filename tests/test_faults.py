@@ -33,7 +33,7 @@ from mcfl.engine import DivergenceError, Task
 from mcfl.federation import build_federation
 from mcfl.io import sha256_file
 from mcfl.runner import train
-from mcfl.track import Tracker
+from mcfl.track import MLflowTracker, Tracker
 
 pytestmark = pytest.mark.faults
 METHODS = sorted(algorithms.ALGORITHMS)
@@ -256,21 +256,41 @@ def test_snakemake_rerun_incomplete_resumes_a_killed_job(tmp_path, cli_env):
     assert len(jobs) == 1 and jobs[0].info.status == "FINISHED"
 
 
+class _DyingMLflow(MLflowTracker):
+    """An MLflow tracker that interrupts the run when round ``r`` is logged."""
+
+    def __init__(self, r, **kw):
+        super().__init__("test", **kw)
+        self.r = r
+
+    def log(self, metrics, step):
+        if step == self.r:
+            raise KeyboardInterrupt
+        super().log(metrics, step)
+
+
+def test_resume_whose_mlflow_run_was_deleted_records_a_new_run(digits_store, tmp_path, mlflow_uri, caplog):
+    run = make_run(rounds=3, checkpoint_every=1)
+    ck = tmp_path / "ck.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train(run, digits_store, tmp_path / "out", checkpoint=ck, tracker=_DyingMLflow(3), progress=False)
+    client, (old,) = mlflow_runs(mlflow_uri, "test")
+    client.delete_run(old.info.run_id)
+    with caplog.at_level(logging.WARNING, "mcfl"):
+        train(run, digits_store, tmp_path / "out", checkpoint=ck, tracker=MLflowTracker("test"), progress=False)
+    assert f"MLflow run {old.info.run_id} is not in" in caplog.text
+    _, (new,) = mlflow_runs(mlflow_uri, "test")                # deleted runs are not listed
+    assert new.info.run_id != old.info.run_id and new.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(new.info.run_id, "train_loss")] == [1, 2, 3]
+
+
 def test_resumed_mlflow_run_records_each_round_once(digits_store, tmp_path, mlflow_uri):
     """A job killed after MLflow already holds rounds beyond its checkpoint: the resumed job
     continues the same MLflow run without recording any round twice."""
-    from mcfl.track import MLflowTracker
-
-    class Dying(MLflowTracker):                    # sends every metric at once, dies in round 5
-        def log(self, metrics, step):
-            if step == 5:
-                raise KeyboardInterrupt
-            super().log(metrics, step)
-
     run = make_run(rounds=6, checkpoint_every=3, eval_every=2)
     ck = tmp_path / "ck.pt"
-    with pytest.raises(KeyboardInterrupt):
-        train(run, digits_store, tmp_path / "out", checkpoint=ck, tracker=Dying("test", flush_every=1),
+    with pytest.raises(KeyboardInterrupt):             # sends every metric at once, dies in round 5
+        train(run, digits_store, tmp_path / "out", checkpoint=ck, tracker=_DyingMLflow(5, flush_every=1),
               progress=False)
     client, runs = mlflow_runs(mlflow_uri, "test")
     (killed,) = runs
