@@ -20,7 +20,7 @@ def base():
     (lambda c: c["datasets"]["digits"]["train"].update(lr=-0.1), r"datasets\.digits\.train\.lr: -0\.1"),
     (lambda c: c["methods"][2].update(lamda=1), r"methods\[2\]\.lamda: unknown parameter of FeSEM"),
     (lambda c: c["methods"][0].update(K=2), r"methods\[0\]\.K: FedAvg does not take K"),
-    (lambda c: c["methods"][2].update(distance="cosine"), r"methods\[2\]: distance must be"),
+    (lambda c: c["methods"][2].update(distance="cosine"), r"methods\[2\]\.distance: distance must be"),
     (lambda c: c["datasets"]["digits"]["prepare"].update(clinets=5), r"datasets\.digits\.prepare\.clinets: unknown"),
     (lambda c: c["datasets"]["digits"]["model"].update(name="resnet"), r"datasets\.digits\.model\.name"),
     (lambda c: c.update(sedes=[1]), r"Additional properties are not allowed \('sedes'"),

@@ -17,6 +17,8 @@ import dataclasses
 import inspect
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -167,17 +169,28 @@ COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods
             **leaf_cli.COMMANDS}
 
 
+def _terminate(signum, frame):
+    """SIGTERM (Snakemake stopping a job, a scheduler's time limit) unwinds like Ctrl-C: temporary
+    files are removed, the MLflow run is marked KILLED, and the last checkpoint stays to resume."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # cuBLAS reads this when CUDA first uses it; set here, before anything can (see runner.configure_torch)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
     from mcfl.errors import DivergenceError
 
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return COMMANDS[args.cmd](args)
     except (ValueError, FileNotFoundError, DivergenceError) as e:   # ConfigError, StoreError too
         print(f"mcfl {args.cmd}: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ clients. Every error is a :class:`ConfigError` naming the key (``methods[2].K``,
 ``datasets.digits.train.lr``) and, where there is a list, the allowed values. Nothing is run before
 the whole config passes.
 
+Values of source, model and method parameters are checked against the function's or ``Params``'
+type annotations with pydantic (strict: no string-to-number coercion), including ``Literal``
+choices and ``Annotated`` bounds (``Annotated[int, Ge(1)]``, from ``annotated_types``); a parameter
+without an annotation must have the type of its default.
+
 ``expand_runs(cfg)`` turns the config into the list of runs, one per (dataset, method entry, K,
 seed); each run is a plain dict that fully determines the training job (it is the job's Snakemake
 ``params`` value and its MLflow params).
@@ -19,6 +24,7 @@ import copy
 import dataclasses
 import importlib
 import inspect
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +78,43 @@ def _fill_defaults(node: Any, schema: dict, root: dict) -> None:
                 _fill_defaults(value, extra, root)
 
 
+def _hints(obj) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(obj, include_extras=True)
+    except Exception:  # noqa: BLE001 - an annotation that cannot be resolved: fall back to defaults
+        return {}
+
+
+def _check_value(where: str, value: Any, hint: Any) -> None:
+    """Raise ConfigError naming ``where`` unless ``value`` fits the type annotation ``hint``."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(hint).validate_python(value, strict=True)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = "".join(f"[{p}]" if isinstance(p, int) else "" for p in err["loc"])
+        raise ConfigError(f"{where}{loc}: {value!r} is not allowed: {err['msg']}") from None
+
+
+def _param_hint(par: inspect.Parameter, hints: dict) -> Any:
+    if par.name in hints:
+        return hints[par.name]
+    d = par.default
+    return list if isinstance(d, (list, tuple)) else (type(d) if d not in (None, par.empty) else Any)
+
+
 def _check_kwargs(where: str, fn, kwargs: dict, skip: tuple[str, ...] = ()) -> None:
     sig = inspect.signature(fn)
+    hints = _hints(fn)
     allowed = [n for n, p in sig.parameters.items()
                if p.kind == p.KEYWORD_ONLY or (p.default is not p.empty)]
-    for key in kwargs:
-        if key not in allowed and key not in skip:
+    for key, value in kwargs.items():
+        if key in skip:
+            continue
+        if key not in allowed:
             raise ConfigError(f"{where}.{key}: unknown parameter; allowed: {', '.join(allowed)}")
+        _check_value(f"{where}.{key}", value, _param_hint(sig.parameters[key], hints))
 
 
 def _source_fn(source: str):
@@ -99,27 +135,34 @@ def method_params(entry: dict, where: str, K: int | None = None):
         if not cls.clustered:
             raise ConfigError(f"{where}.K: {cls.name} does not take K (it is not a clustered method)")
         kw["K"] = K
+    hints = _hints(cls.Params)
     for key, value in kw.items():
         if key not in fields:
             raise ConfigError(f"{where}.{key}: unknown parameter of {cls.name}; allowed: "
                               f"{', '.join(fields) or '(none)'}")
-        typ = fields[key].type if isinstance(fields[key].type, str) else fields[key].type.__name__
-        ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-              "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-              "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool)}
-        if typ in ok and not ok[typ](value):
-            raise ConfigError(f"{where}.{key}: expected {typ}, got {value!r}")
-        if typ == "float":
+        hint = hints.get(key, Any)
+        _check_value(f"{where}.{key}", value, hint)
+        if float in (hint, *typing.get_args(hint)[:1]) and isinstance(value, int):
             kw[key] = float(value)
     try:
         return cls.Params(**kw)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {e}") from e
+    except (TypeError, ValueError) as e:    # Params' own checks: name the field they are about
+        key = next((k for k in fields if str(e).startswith(f"{k} ")), None)
+        raise ConfigError(f"{where}.{key}: {e}" if key else f"{where}: {e}") from e
 
 
 def validate(cfg: dict, source: str = "config") -> dict:
     """Fill defaults and validate ``cfg`` in place; return it. Raises ConfigError."""
+    try:
+        return _validate(cfg, source)
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(f"{source}: ") else f"{source}: {msg}") from None
+
+
+def _validate(cfg: dict, source: str) -> dict:
     import jsonschema
+    from jsonschema.exceptions import best_match
 
     from mcfl import models
 
@@ -127,12 +170,14 @@ def validate(cfg: dict, source: str = "config") -> dict:
     if not isinstance(cfg, dict):
         raise ConfigError(f"{source}: top level must be a mapping")
     _fill_defaults(cfg, schema, schema)
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(cfg),
-                    key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(cfg))
     if errors:
-        e = errors[0]
+        e = best_match(errors)                  # descends into oneOf: "K[0]: 0 is less than ..."
+        msg = e.message
+        if e.validator == "additionalProperties":
+            msg += f"; allowed: {', '.join(e.schema.get('properties', {}))}"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(f"{source}: {_path(e.absolute_path)}: {e.message}{more}")
+        raise ConfigError(f"{source}: {_path(e.absolute_path)}: {msg}{more}")
     for name, ds in cfg["datasets"].items():
         prep = ds["prepare"]
         _check_kwargs(f"datasets.{name}.prepare", _source_fn(prep["source"]), prep, skip=("source",))
@@ -149,6 +194,16 @@ def validate(cfg: dict, source: str = "config") -> dict:
                     raise ConfigError(f"{source}: methods[{i}].K: K={k} is larger than the number "
                                       f"of clients of dataset {name!r} (datasets.{name}.prepare."
                                       f"clients = {n})")
+    for name, ds in cfg["datasets"].items():              # clients per round vs clients
+        n = ds["prepare"].get("clients")
+        trains = [(f"datasets.{name}.train", ds["train"])] + [
+            (f"methods[{i}].train", e["train"]) for i, e in enumerate(cfg["methods"]) if "train" in e]
+        for where, t in trains:
+            c = t.get("clients_per_round")
+            if isinstance(n, int) and isinstance(c, int) and c > n:
+                raise ConfigError(f"{source}: {where}.clients_per_round: {c} is larger than the "
+                                  f"number of clients of dataset {name!r} (datasets.{name}.prepare."
+                                  f"clients = {n}); use null for all clients")
     runs = expand_runs(cfg)
     seen: dict[tuple, int] = {}
     for r in runs:

@@ -10,6 +10,15 @@ last, so a killed job leaves nothing the report could take for a result):
   on evaluation rounds;
 * ``assignments.csv``  client id, true cluster, final cluster (blank for unclustered methods);
 * ``metrics.json``     the run's identity (config, git revision, data hash) and final metrics.
+
+Crash safety. A checkpoint (``checkpoint=PATH``, every ``checkpoint_every`` rounds, written then
+renamed) holds everything the run carries between rounds: the algorithm's ``State`` (the contract
+of :mod:`mcfl.algorithms.base` keeps nothing else), the round, the history so far and the MLflow
+run id. There is no RNG state to save: every random draw is derived from (seed, round, client,
+purpose). A rerun of the same job resumes from it, continues the same MLflow run, and ends with
+outputs bitwise equal to an uninterrupted run's (on the CPU). A checkpoint of another configuration
+or data set is ignored with a warning; it is deleted once the run has finished. Outputs of an
+earlier run in ``out_dir`` are removed first, so a failed run never leaves a result behind.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import pandas as pd
 import torch
 
 from mcfl import algorithms
-from mcfl.data.store import load
+from mcfl.data.store import load, warn_untested
 from mcfl.engine import LocalSpec, Task
 from mcfl.federation import Federation, build_federation, resolve_device
 from mcfl.io import atomic_path, config_hash, git_revision, write_json
@@ -42,11 +51,13 @@ def evaluate(algo: algorithms.Algorithm, state, fed: Federation, *, finetune_epo
     """Test every client with the model ``algo.eval_models`` gives it; metrics per :mod:`mcfl.metrics`."""
     off = fed.dev.offsets["test"]
     owners, truths, preds, losses = [], [], [], []
+    tested = np.zeros(fed.n_clients, dtype=np.int64)
     ft_spec = LocalSpec(fed.trainer.spec.lr, fed.trainer.spec.batch_size, finetune_epochs) \
         if finetune_epochs else None
     for w, members in algo.eval_models(state):
         members = np.asarray(members)
         members = members[fed.dev.n_test[members] > 0]
+        tested[members] += 1
         if not len(members):
             continue
         if ft_spec is None:
@@ -62,6 +73,10 @@ def evaluate(algo: algorithms.Algorithm, state, fed: Federation, *, finetune_epo
             truths.append(fed.dev.y["test"][rows_t].cpu().numpy())
             preds.append(p.cpu().numpy())
             losses.append(l.cpu().numpy())
+    wrong = np.flatnonzero((tested != 1) & (fed.dev.n_test > 0))
+    if len(wrong):
+        raise RuntimeError(f"{algo.name}.eval_models must give every client exactly one model; clients "
+                           f"{wrong[:10].tolist()} got {tested[wrong[:10]].tolist()}")
     scores = per_client_scores(np.concatenate(owners), np.concatenate(truths), np.concatenate(preds),
                                fed.n_clients, fed.dev.n_classes)
     out = summarize(scores)
@@ -71,33 +86,57 @@ def evaluate(algo: algorithms.Algorithm, state, fed: Federation, *, finetune_epo
 
 
 # ---------------------------------------------------------------------------------- checkpointing
-def _save_checkpoint(path: Path, algo, state, rnd: int, rows: list[dict], run_hash: str,
+def _save_checkpoint(path: Path, algo, state, rnd: int, rows: list[dict], identity: dict,
                      tracking_id: str | None) -> None:
     with atomic_path(path) as tmp:
         torch.save({"round": rnd, "state": algo.state_dict(state), "history": rows,
-                    "run_hash": run_hash, "tracking_id": tracking_id or ""}, tmp)
+                    "tracking_id": tracking_id or "", **identity}, tmp)
 
 
-def _load_checkpoint(path: Path, algo, run_hash: str, device) -> dict | None:
-    if not path.is_file():
+def _load_checkpoint(path: Path | None, algo, identity: dict, device) -> dict | None:
+    """The checkpoint at ``path`` if it belongs to this run (same config and data), else None."""
+    if path is None or not path.is_file():
         return None
-    ck = torch.load(path, map_location=device, weights_only=True)
-    if ck.get("run_hash") != run_hash:
-        log.warning("%s belongs to a different configuration; starting afresh", path)
+    try:
+        ck = torch.load(path, map_location=device, weights_only=True)
+        mine = all(ck.get(k) == identity[k] for k in ("run_hash", "data_hash"))
+        if mine:
+            ck["state"] = algo.load_state(ck["state"])
+    except Exception as e:  # noqa: BLE001 - unreadable, or written by an incompatible version
+        log.warning("%s: cannot resume from it (%s); starting afresh", path, e)
         return None
-    ck["state"] = algo.load_state(ck["state"])
+    if not mine:
+        log.warning("%s belongs to another configuration or data set; starting afresh", path)
+        return None
+    for key in ("git", "threads"):              # allowed, but the result may not repeat bitwise
+        if ck.get(key) != identity[key]:
+            log.warning("%s was written with %s %s, resuming with %s", path, key, ck.get(key), identity[key])
     return ck
 
 
 # ------------------------------------------------------------------------------------------- train
+CUBLAS_WORKSPACE = ":4096:8"
+
+
 def configure_torch(device: torch.device, threads: int) -> None:
-    """Seeded runs are bitwise repeatable on the CPU; on CUDA, deterministic kernels are requested
-    (cuBLAS needs CUBLAS_WORKSPACE_CONFIG set before CUDA initialises) and cuDNN autotuning is off."""
+    """Seeded runs are bitwise repeatable on the CPU for one machine, torch build and thread count
+    (the thread count changes the order of float sums; it is recorded in ``metrics.json``).
+    On CUDA: deterministic kernels are requested (PyTorch warns in the job log about any operation
+    that has none), cuDNN autotuning is off, and cuBLAS gets a fixed workspace through
+    ``CUBLAS_WORKSPACE_CONFIG``, which cuBLAS reads when it first initialises: the ``mcfl`` command
+    sets it at start-up; an API caller that used CUDA before without it gets a warning."""
     torch.set_num_threads(max(1, int(threads)))
     if device.type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        if "CUBLAS_WORKSPACE_CONFIG" not in os.environ and torch.cuda.is_initialized():
+            log.warning("CUDA is already initialised without CUBLAS_WORKSPACE_CONFIG: cuBLAS results "
+                        "may not repeat bitwise; set CUBLAS_WORKSPACE_CONFIG=%s before using CUDA",
+                        CUBLAS_WORKSPACE)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
         torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+OUTPUTS = ("history.csv", "assignments.csv", "metrics.json")     # written in this order
 
 
 def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
@@ -108,27 +147,32 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
 
     tracker = tracker or NullTracker()
     out_dir = Path(out_dir)
+    for name in OUTPUTS:                    # a stale result must not outlive a failed rerun
+        (out_dir / name).unlink(missing_ok=True)
     dev = resolve_device(device)
     configure_torch(dev, threads)
     t0 = time.time()
     data = load(store)
+    warn_untested(data.path, data.client_ids, data.n_test())
     cls = algorithms.get(run["method"])
     params = cls.Params(**run["params"])
     tcfg = run["train"]
     fed = build_federation(data, run["model"], tcfg, run["seed"], dev, inputs)
     algo = cls(fed, params)
     run_hash = config_hash({k: run[k] for k in ("dataset", "method", "params", "model", "train", "seed")})
+    identity = {"git": git_revision(), "data_hash": data.content_hash, "run_hash": run_hash,
+                "threads": torch.get_num_threads()}
     ckpt_path = Path(checkpoint) if checkpoint else None
-    ck = _load_checkpoint(ckpt_path, algo, run_hash, dev) if ckpt_path else None
-    identity = {"git": git_revision(), "data_hash": data.content_hash, "run_hash": run_hash}
-    tracking_id = tracker.start(run, identity, resume_id=(ck or {}).get("tracking_id") or None)
+    ck = _load_checkpoint(ckpt_path, algo, identity, dev)
     if ck:
         state, start, rows = ck["state"], ck["round"] + 1, list(ck["history"])
         log.info("resuming %s from round %d (%s)", run["label"], ck["round"], ckpt_path)
     else:
         state, start, rows = algo.init(), 1, []
+    tracking_id = tracker.start(run, identity, resume_id=(ck or {}).get("tracking_id") or None,
+                                history=rows)
     rounds, every = int(tcfg["rounds"]), int(tcfg["eval_every"])
-    ck_every = int(tcfg.get("checkpoint_every") or 0)
+    ck_every = int(tcfg.get("checkpoint_every") or 0) if ckpt_path else 0
     bar = _progress(range(start, rounds + 1), run, progress)
     status = "FAILED"
     try:
@@ -142,18 +186,21 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
             _check_finite(row, r)
             rows.append(row)
             tracker.log({k: v for k, v in row.items() if k != "round"}, step=r)
-            if ckpt_path and ck_every and (r % ck_every == 0) and r < rounds:
+            if ck_every and r % ck_every == 0 and r < rounds:
+                _save_checkpoint(ckpt_path, algo, state, r, rows, identity, tracking_id)
                 tracker.flush()
-                _save_checkpoint(ckpt_path, algo, state, r, rows, run_hash, tracking_id)
         final = {k: v for k, v in rows[-1].items() if k != "round"}
         result = _write_outputs(out_dir, run, identity, algo, state, fed, rows, final, time.time() - t0)
-        tracker.artifacts([out_dir / f for f in ("history.csv", "assignments.csv", "metrics.json")])
+        tracker.artifacts([out_dir / f for f in OUTPUTS])
         status = "FINISHED"
-        if ckpt_path:
-            ckpt_path.unlink(missing_ok=True)
-        return result
+    except (KeyboardInterrupt, SystemExit):     # Ctrl-C, or SIGTERM (the CLI turns it into SystemExit)
+        status = "KILLED"
+        raise
     finally:
         tracker.end(status)
+    if ckpt_path:
+        ckpt_path.unlink(missing_ok=True)       # only now: a kill before this point resumes cleanly
+    return result
 
 
 def _check_finite(row: dict, rnd: int) -> None:

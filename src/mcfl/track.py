@@ -1,12 +1,17 @@
 """Experiment tracking. Only this module imports MLflow; everything else calls a :class:`Tracker`.
 
 Store: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<cwd>/mlflow.db`` (absolute, so jobs that
-change directory still find it); artifacts under ``<cwd>/mlartifacts``. For runs on several machines
-point ``MLFLOW_TRACKING_URI`` at an ``mlflow server`` (SQLite on a network filesystem is unsafe).
+change directory still find it); artifacts under ``<cwd>/mlartifacts`` (a server keeps its own).
+For runs on several machines point ``MLFLOW_TRACKING_URI`` at an ``mlflow server`` (SQLite on a
+network filesystem is unsafe).
 
 A Snakemake invocation creates the store, the experiment and one parent *sweep* run before any job
 starts (``init_sweep``, from the Snakefile's ``onstart``); each training job finds the sweep's id in
-``$MCFL_SWEEP_RUN_ID`` and nests its run under it. Writes retry when SQLite says "database is locked".
+``$MCFL_SWEEP_RUN_ID`` and nests its run under it. Writes retry when SQLite says "database is locked"
+(each retry is logged). A resumed training job (see :mod:`mcfl.runner`) continues its MLflow run:
+same run id, back to RUNNING, each (metric, round) pair recorded once however often the job was
+killed, FINISHED at the end. A job stopped by SIGTERM or Ctrl-C marks its run KILLED, one that
+fails FAILED; one killed by SIGKILL stays RUNNING until it is resumed.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ def _retry(fn: Callable, *args, tries: int = 12, **kwargs):
         except Exception as e:  # noqa: BLE001 - MLflow wraps sqlite errors in several types
             if "locked" not in str(e).lower() or i == tries - 1:
                 raise
-            time.sleep(min(5.0, 0.1 * 2 ** i) * (0.5 + random.random()))
+            wait = min(5.0, 0.1 * 2 ** i) * (0.5 + random.random())
+            log.info("MLflow store busy (database is locked); retry %d in %.2f s", i + 1, wait)
+            time.sleep(wait)
 
 
 def _client():
@@ -46,9 +53,10 @@ def experiment_id(client, name: str) -> str:
     exp = _retry(client.get_experiment_by_name, name)
     if exp is not None:
         return exp.experiment_id
+    local = tracking_uri().startswith(("sqlite:", "file:"))     # a server keeps its own artifact store
     try:
-        return _retry(client.create_experiment, name,
-                      artifact_location=(Path.cwd() / "mlartifacts").resolve().as_uri())
+        return _retry(client.create_experiment, name, artifact_location=(
+            (Path.cwd() / "mlartifacts").resolve().as_uri() if local else None))
     except Exception:  # created concurrently by another process
         return _retry(client.get_experiment_by_name, name).experiment_id
 
@@ -65,7 +73,9 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 class Tracker:
-    def start(self, run: dict, identity: dict, resume_id: str | None = None) -> str | None:
+    def start(self, run: dict, identity: dict, resume_id: str | None = None,
+              history: Iterable[dict] = ()) -> str | None:
+        """Open (or, given ``resume_id``, reopen) the run and record the ``history`` rows so far."""
         return None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -92,14 +102,17 @@ class MLflowTracker(Tracker):
         self.client = _client()
         self.run_id: str | None = None
         self.buffer: list = []
+        self.logged: dict[str, int] = {}    # metric -> last step already in the store (resumed runs)
 
-    def start(self, run, identity, resume_id=None):
+    def start(self, run, identity, resume_id=None, history=()):
         from mlflow.entities import Param, RunTag
 
-        if resume_id:
-            self.run_id = resume_id
-            _retry(self.client.update_run, resume_id, status="RUNNING")
+        if resume_id and self._reopen(resume_id):
+            self._replay(history)
             return resume_id
+        if resume_id:
+            log.warning("MLflow run %s is not in %s; recording the resumed run as a new one",
+                        resume_id, tracking_uri())
         exp = experiment_id(self.client, self.experiment)
         tags = {"dataset": run["dataset"], "method": run["method"], "label": run["label"],
                 "seed": str(run["seed"]), "K": str(run["params"].get("K", "")),
@@ -113,14 +126,35 @@ class MLflowTracker(Tracker):
         params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(run).items())]
         _retry(self.client.log_batch, self.run_id, params=params,
                tags=[RunTag("config_json", __import__("json").dumps(run)[:5000])])
+        self._replay(history)
         return self.run_id
+
+    def _reopen(self, run_id: str) -> bool:
+        """Continue run ``run_id``: back to RUNNING, and note the last round stored per metric
+        (a killed job may have sent rounds after its checkpoint) so none is recorded twice."""
+        try:
+            stored = _retry(self.client.get_run, run_id)
+        except Exception as e:  # noqa: BLE001 - deleted run, or another tracking store
+            log.debug("cannot reopen MLflow run %s: %s", run_id, e)
+            return False
+        if stored.info.lifecycle_stage != "active":
+            return False
+        self.run_id = run_id
+        self.logged = {k: max((m.step for m in _retry(self.client.get_metric_history, run_id, k)),
+                              default=0) for k in stored.data.metrics}
+        _retry(self.client.update_run, run_id, status="RUNNING")
+        return True
+
+    def _replay(self, history):
+        for row in history:
+            self.log({k: v for k, v in row.items() if k != "round"}, step=int(row["round"]))
 
     def log(self, metrics, step):
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
         self.buffer += [Metric(k, float(v), ts, step) for k, v in metrics.items()
-                        if isinstance(v, (int, float))]
+                        if isinstance(v, (int, float)) and step > self.logged.get(k, 0)]
         if len(self.buffer) >= self.flush_every:
             self.flush()
 

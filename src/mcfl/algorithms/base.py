@@ -13,6 +13,23 @@ A subclass declares
 * ``State``: a dataclass of tensors/ints only, so a checkpoint of it loads with
   ``torch.load(weights_only=True)``;
 * ``init()``, ``round()``, ``eval_models()`` and, for clustered methods, ``assignments()``.
+
+The state contract (what makes a killed run resume bitwise; tested for every registered algorithm
+in ``tests/test_faults.py``):
+
+* Everything an algorithm keeps from one round to the next is in its ``State``: models, cluster
+  assignments, server optimiser moments, counters. ``init()`` and ``round()`` assign no attribute
+  on ``self``; ``__init__`` may derive constants from ``(fed, params)`` only. A resumed run builds a
+  fresh instance, skips ``init()`` and calls ``load_state`` on the checkpointed dict.
+* ``State`` fields are tensors, ints, floats or bools (no numpy arrays, no objects), so a checkpoint
+  loads with ``torch.load(weights_only=True)``. ``round`` may update the state's tensors in place.
+* No random state is kept: draw server randomness from ``self.fed.rng(rnd, purpose)`` and local
+  randomness through the engine (seeded per (seed, round, client, purpose)), never from NumPy's or
+  PyTorch's global generators (nor models whose forward pass uses them, such as dropout). Then a
+  client's update does not depend on which other clients ran or in which order, and nothing needs
+  saving.
+* ``round`` folds the clients' results in the order of ``clients`` (sorted by the runner), so sums
+  are taken in one order and runs repeat bitwise.
 """
 
 from __future__ import annotations

@@ -12,16 +12,21 @@ client's samples are split train/test with LEAF's by-sample rule.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
+from annotated_types import Ge, Gt, Interval, Lt
 
 from mcfl.data.partition import classes_partition, dirichlet_partition, split_train_test
 from mcfl.data.store import ClientData, write_store
 
 
-def make_digits(out: str | Path, *, clients: int = 100, clusters: int = 4, alpha: float = 0.5,
-                test_fraction: float = 0.2, min_samples: int = 5, partition: str = "dirichlet",
-                classes_per_client: int = 2, seed: int = 0) -> Path:
+def make_digits(out: str | Path, *, clients: Annotated[int, Ge(1)] = 100,
+                clusters: Annotated[int, Interval(ge=1, le=4)] = 4, alpha: Annotated[float, Gt(0)] = 0.5,
+                test_fraction: Annotated[float, Gt(0), Lt(1)] = 0.2, min_samples: Annotated[int, Ge(2)] = 5,
+                partition: Literal["dirichlet", "classes"] = "dirichlet",
+                classes_per_client: Annotated[int, Interval(ge=1, le=10)] = 2,
+                seed: Annotated[int, Ge(0)] = 0) -> Path:
     from sklearn.datasets import load_digits
 
     if not 1 <= clusters <= 4:
@@ -33,7 +38,7 @@ def make_digits(out: str | Path, *, clients: int = 100, clusters: int = 4, alpha
     if partition == "dirichlet":
         parts = dirichlet_partition(y, clients, alpha, rng, min_size=min_samples)
     elif partition == "classes":
-        parts = classes_partition(y, clients, classes_per_client, rng)
+        parts = classes_partition(y, clients, classes_per_client, rng, min_size=2)
     else:
         raise ValueError(f"partition must be 'dirichlet' or 'classes', got {partition!r}")
     true = rng.permutation(np.arange(clients) % clusters)

@@ -49,11 +49,12 @@ def split_train_test(n: int, test_fraction: float, rng: np.random.Generator) -> 
 
 
 def classes_partition(labels: np.ndarray, n_clients: int, k: int, rng: np.random.Generator,
-                      max_tries: int = 1000) -> list[np.ndarray]:
+                      max_tries: int = 1000, min_size: int = 1) -> list[np.ndarray]:
     """Pathological label skew: every client holds exactly ``k`` distinct classes (McMahan et al.
     2017's 2-shards-per-client setting, without shards straddling classes). Each client draws k
     classes (redrawn until every class has a holder); each class's samples are shuffled and split
-    as evenly as possible among its holders. Returns sorted index arrays, one per client."""
+    as evenly as possible among its holders. Raises if a client ends up with fewer than
+    ``min_size`` samples. Returns sorted index arrays, one per client."""
     labels = np.asarray(labels)
     classes = np.unique(labels)
     if not 1 <= k <= len(classes):
@@ -72,4 +73,9 @@ def classes_partition(labels: np.ndarray, n_clients: int, k: int, rng: np.random
         idx = rng.permutation(np.flatnonzero(labels == c))
         for i, chunk in zip(holders, np.array_split(idx, len(holders))):
             parts[i].extend(chunk.tolist())
+    small = [i for i, p in enumerate(parts) if len(p) < min_size]
+    if small:
+        raise ValueError(f"{len(small)} of {n_clients} clients got fewer than {min_size} samples "
+                         f"(first: client {small[0]} with {len(parts[small[0]])}); use fewer clients "
+                         f"or more classes per client")
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]

@@ -13,12 +13,25 @@ Inputs are stored compactly: ``uint8`` images with ``x_scale = 1/255`` (or ``1/1
 digits), or ``float32`` features with ``x_scale = 1``. Arrays are memory-mapped on load, so opening
 the FEMNIST store (~630 MB) costs nothing until rows are read. The content hash covers every array
 file and is what each training run logs as its data hash.
+
+Data faults are checked once, on the concatenated arrays (:func:`check_arrays`), both when a store
+is written (``write_store``/``write_arrays``, so no source can write a bad store) and when it is
+loaded (so a damaged or hand-made store is caught before training); messages name the file or the
+client:
+
+* a client without training samples, labels outside ``[0, n_classes)``, samples whose shape differs
+  from ``x_shape``, NaN/inf features, duplicate client ids, a store without any test sample,
+  inconsistent offsets: :class:`StoreError`;
+* a client without test samples: allowed; it trains, is left out of the test metrics (see
+  :mod:`mcfl.metrics`), and a warning names it when the store is written and when a run starts;
+* a client with a single training sample: allowed (its minibatches have one sample).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,6 +39,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from mcfl.io import atomic_path, sha256_file
+
+log = logging.getLogger("mcfl")
 
 FORMAT = "mcfl-store/1"
 ARRAYS = ("x_train", "y_train", "offsets_train", "x_test", "y_test", "offsets_test", "cluster")
@@ -111,16 +126,12 @@ def write_store(out: str | Path, clients: Sequence[ClientData], *, n_classes: in
     out = Path(out)
     if not clients:
         raise StoreError(f"{out}: no clients to write")
-    ids = [str(c.id) for c in clients]
-    if len(set(ids)) != len(ids):
-        dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
-        raise StoreError(f"{out}: duplicate client ids {dup}")
     x_shape = tuple(np.asarray(clients[0].x_train).shape[1:])
     for c in clients:
-        _check_client(out, c, x_shape, n_classes)
+        _check_client(out, c, x_shape)
     dtype = np.dtype(x_dtype or np.asarray(clients[0].x_train).dtype)
     arrays = {
-        "x_train": np.concatenate([np.asarray(c.x_train, dtype=dtype) for c in clients]),
+        "x_train": np.concatenate([np.asarray(c.x_train, dtype=dtype).reshape(-1, *x_shape) for c in clients]),
         "y_train": np.concatenate([np.asarray(c.y_train, dtype=np.int64) for c in clients]),
         "offsets_train": _offsets([len(c.y_train) for c in clients]),
         "x_test": np.concatenate([np.asarray(c.x_test, dtype=dtype).reshape(-1, *x_shape) for c in clients]),
@@ -139,14 +150,17 @@ def write_store(out: str | Path, clients: Sequence[ClientData], *, n_classes: in
         "x_shape": list(x_shape),
         "x_dtype": dtype.name,
         "x_scale": float(x_scale),
-        "client_ids": ids,
+        "client_ids": [str(c.id) for c in clients],
     }
     return write_arrays(out, arrays, meta)
 
 
 def write_arrays(out: str | Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Path:
-    """Write pre-concatenated arrays plus meta (adds file hashes and the content hash) atomically."""
+    """Validate pre-concatenated arrays (:func:`check_arrays`) and write them plus meta (adds file
+    hashes and the content hash) atomically. The path for sources that build arrays directly."""
     out = Path(out)
+    check_arrays(out, arrays, meta, finite=True)
+    warn_untested(out, meta["client_ids"], np.diff(arrays["offsets_test"]))
     with atomic_path(out, is_dir=True) as tmp:
         files = {}
         for name in ARRAYS:
@@ -168,7 +182,8 @@ def _content_hash(files: dict[str, str]) -> str:
     return h.hexdigest()
 
 
-def _check_client(out: Path, c: ClientData, x_shape: tuple[int, ...], n_classes: int) -> None:
+def _check_client(out: Path, c: ClientData, x_shape: tuple[int, ...]) -> None:
+    """What concatenation would hide: row counts of x and y, and sample shapes across clients."""
     where = f"{out}: client {c.id!r}"
     for split in ("train", "test"):
         x, y = np.asarray(getattr(c, f"x_{split}")), np.asarray(getattr(c, f"y_{split}"))
@@ -177,13 +192,58 @@ def _check_client(out: Path, c: ClientData, x_shape: tuple[int, ...], n_classes:
         if len(x) and tuple(x.shape[1:]) != x_shape:
             raise StoreError(f"{where}: x_{split} samples have shape {tuple(x.shape[1:])}, "
                              f"expected {x_shape} like the first client")
-        if len(y) and (y.min() < 0 or y.max() >= n_classes):
-            raise StoreError(f"{where}: y_{split} has labels outside [0, {n_classes - 1}] "
-                             f"(min {y.min()}, max {y.max()})")
-        if len(x) and not np.issubdtype(x.dtype, np.integer) and not np.isfinite(x).all():
-            raise StoreError(f"{where}: x_{split} contains NaN or inf")
-    if len(c.y_train) == 0:
-        raise StoreError(f"{where}: has no training samples (drop it, or lower the split fraction)")
+
+
+def check_arrays(where: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any], *,
+                 finite: bool = False) -> None:
+    """Validate a store's arrays against its meta (see the module docstring); ``finite`` also
+    scans floating-point features for NaN/inf (done on write; on load only with ``verify``)."""
+    ids = [str(i) for i in meta["client_ids"]]
+    m, n_classes, x_shape = len(ids), int(meta["n_classes"]), tuple(meta["x_shape"])
+    if m == 0:
+        raise StoreError(f"{where}: no clients")
+    if len(set(ids)) != m:
+        dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
+        raise StoreError(f"{where}: duplicate client ids {dup}")
+    for split in ("train", "test"):
+        off, x, y = (arrays[f"{a}_{split}"] for a in ("offsets", "x", "y"))
+        if off.shape != (m + 1,) or off[0] != 0 or (np.diff(off) < 0).any():
+            raise StoreError(f"{where}/offsets_{split}.npy: expected {m + 1} non-decreasing "
+                             f"offsets starting at 0 for {m} clients")
+        if len(x) != off[-1] or len(y) != off[-1]:
+            raise StoreError(f"{where}/x_{split}.npy: {len(x)} rows and y_{split}.npy "
+                             f"{len(y)} rows, but offsets_{split}.npy ends at {off[-1]}")
+        if len(x) and tuple(x.shape[1:]) != x_shape:
+            raise StoreError(f"{where}/x_{split}.npy: sample shape {tuple(x.shape[1:])}, "
+                             f"meta.json says {x_shape}")
+        bad = np.flatnonzero((np.asarray(y) < 0) | (np.asarray(y) >= n_classes))
+        if len(bad):
+            c = ids[int(np.searchsorted(off, bad[0], side="right")) - 1]
+            raise StoreError(f"{where}/y_{split}.npy: {len(bad)} labels outside [0, {n_classes - 1}] "
+                             f"(first: {int(y[bad[0]])}, client {c!r})")
+        if finite and len(x) and np.issubdtype(x.dtype, np.floating):
+            rows = np.flatnonzero(~np.isfinite(np.asarray(x).reshape(len(x), -1)).all(1))
+            if len(rows):
+                c = ids[int(np.searchsorted(off, rows[0], side="right")) - 1]
+                raise StoreError(f"{where}/x_{split}.npy: {len(rows)} samples contain NaN or inf "
+                                 f"(first in client {c!r})")
+    empty = [ids[i] for i in np.flatnonzero(np.diff(arrays["offsets_train"]) == 0)]
+    if empty:
+        raise StoreError(f"{where}: {len(empty)} clients have no training samples ({', '.join(empty[:5])}"
+                         f"{', ...' if len(empty) > 5 else ''}); drop them, or lower the test fraction")
+    if arrays["offsets_test"][-1] == 0:
+        raise StoreError(f"{where}: no client has test samples; nothing could be evaluated")
+    if arrays["cluster"].shape != (m,):
+        raise StoreError(f"{where}/cluster.npy: expected {m} entries, found {arrays['cluster'].shape}")
+
+
+def warn_untested(where, client_ids, n_test) -> None:
+    """Log the clients without test samples: they train but are left out of the test metrics."""
+    idle = [str(client_ids[i]) for i in np.flatnonzero(np.asarray(n_test) == 0)]
+    if idle:
+        log.warning("%s: %d of %d clients have no test samples (%s%s); they train but are left out "
+                    "of the test metrics", where, len(idle), len(client_ids), ", ".join(idle[:5]),
+                    ", ..." if len(idle) > 5 else "")
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -200,6 +260,9 @@ def load(path: str | Path, *, verify: bool = False, mmap: bool = True) -> Federa
         raise StoreError(f"{meta_path}: not valid JSON ({e})") from e
     if meta.get("format") != FORMAT:
         raise StoreError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    missing = [k for k in ("client_ids", "n_classes", "x_shape", "x_scale", "files") if k not in meta]
+    if missing:
+        raise StoreError(f"{meta_path}: missing keys {missing}")
     arrays = {}
     for name in ARRAYS:
         f = path / f"{name}.npy"
@@ -211,23 +274,5 @@ def load(path: str | Path, *, verify: bool = False, mmap: bool = True) -> Federa
             arrays[name] = np.load(f, mmap_mode="r" if mmap else None, allow_pickle=False)
         except ValueError as e:
             raise StoreError(f"{f}: unreadable ({e})") from e
-    data = FederatedData(path=path, meta=meta, client_ids=list(meta["client_ids"]), **arrays)
-    _check_loaded(data)
-    return data
-
-
-def _check_loaded(d: FederatedData) -> None:
-    m = d.n_clients
-    for split in ("train", "test"):
-        off, x, y = (getattr(d, f"{a}_{split}") for a in ("offsets", "x", "y"))
-        if off.shape != (m + 1,) or off[0] != 0 or (np.diff(off) < 0).any():
-            raise StoreError(f"{d.path}/offsets_{split}.npy: expected {m + 1} non-decreasing "
-                             f"offsets starting at 0 for {m} clients")
-        if len(x) != off[-1] or len(y) != off[-1]:
-            raise StoreError(f"{d.path}/x_{split}.npy: {len(x)} rows and y_{split}.npy "
-                             f"{len(y)} rows, but offsets_{split}.npy ends at {off[-1]}")
-        if len(x) and tuple(x.shape[1:]) != d.x_shape:
-            raise StoreError(f"{d.path}/x_{split}.npy: sample shape {tuple(x.shape[1:])}, "
-                             f"meta.json says {d.x_shape}")
-    if d.cluster.shape != (m,):
-        raise StoreError(f"{d.path}/cluster.npy: expected {m} entries, found {d.cluster.shape}")
+    check_arrays(path, arrays, meta, finite=verify)
+    return FederatedData(path=path, meta=meta, client_ids=list(meta["client_ids"]), **arrays)

@@ -17,8 +17,10 @@ cluster uniformly and stores it as the ground truth.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
+from annotated_types import Ge, Gt, Lt
 
 from mcfl.data.partition import split_train_test
 from mcfl.data.store import ClientData, write_store
@@ -61,9 +63,12 @@ def fedprox_synthetic_tasks(n_tasks: int, alpha: float, beta: float, dim: int, n
         yield x, np.argmax(x @ w + b, axis=1), -1
 
 
-def make_synthetic(out: str | Path, *, clients: int = 100, clusters: int = 4, classes: int = 5,
-                   dim: int = 60, variant: str = "leaf", alpha: float = 1.0, beta: float = 1.0,
-                   test_fraction: float = 0.2, seed: int = 931231) -> Path:
+def make_synthetic(out: str | Path, *, clients: Annotated[int, Ge(1)] = 100,
+                   clusters: Annotated[int, Ge(1)] = 4, classes: Annotated[int, Ge(2)] = 5,
+                   dim: Annotated[int, Ge(1)] = 60, variant: Literal["leaf", "fedprox"] = "leaf",
+                   alpha: Annotated[float, Ge(0)] = 1.0, beta: Annotated[float, Ge(0)] = 1.0,
+                   test_fraction: Annotated[float, Gt(0), Lt(1)] = 0.2,
+                   seed: Annotated[int, Ge(0)] = 931231) -> Path:
     if variant == "leaf":
         tasks = leaf_synthetic_tasks(clients, classes, dim, clusters, seed)
     elif variant == "fedprox":

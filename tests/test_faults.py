@@ -1,0 +1,601 @@
+"""The fault suite (``pytest -m faults``): resume after kills, determinism, divergence, bad config and
+bad data, atomic outputs, concurrent tracking. The README's "Reliability" section tabulates what
+the user sees for each failure mode. Tests parametrised by ``METHODS`` cover every registered
+algorithm, so a new method is checked against the state contract of ``algorithms/base.py``.
+"""
+
+import copy
+import dataclasses
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from conftest import ROOT, make_run
+from mcfl import algorithms, cli
+from mcfl.config import ConfigError, expand_runs, validate
+from mcfl.data import ClientData, StoreError, load, write_store
+from mcfl.data.store import write_arrays
+from mcfl.engine import DivergenceError, Task
+from mcfl.federation import build_federation
+from mcfl.io import sha256_file
+from mcfl.runner import train
+from mcfl.track import MLflowTracker, Tracker
+
+pytestmark = pytest.mark.faults
+METHODS = sorted(algorithms.ALGORITHMS)
+
+
+def small_params(method: str) -> dict:
+    """Default hyperparameters, with K=2 and few k-means restarts where a method has them."""
+    fields = {f.name for f in dataclasses.fields(algorithms.get(method).Params)}
+    return {k: v for k, v in (("K", 2), ("restarts", 2)) if k in fields}
+
+
+def outputs(d: Path) -> dict[str, bytes]:
+    return {f: (d / f).read_bytes() for f in ("history.csv", "assignments.csv")}
+
+
+@pytest.fixture(scope="session")
+def migrated_db(tmp_path_factory):
+    """An MLflow sqlite store with its tables created once (a fresh one costs seconds)."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def mlflow_uri(migrated_db, tmp_path, monkeypatch):
+    db = tmp_path / "mlflow.db"
+    shutil.copy(migrated_db, db)
+    uri = f"sqlite:///{db}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)                       # artifacts land in tmp_path/mlartifacts
+    return uri
+
+
+def mlflow_runs(uri: str, experiment: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return client, ([] if exp is None else client.search_runs([exp.experiment_id]))
+
+
+# =========================================================================================== resume
+@pytest.mark.parametrize("method", METHODS)
+def test_interrupted_run_resumes_bitwise_from_a_fresh_instance(method, digits_store, tmp_path, monkeypatch):
+    """The checkpoint holds everything between rounds: a fresh algorithm instance (as in a new
+    process; init() is not called) resumed from it ends bitwise where an uninterrupted run ends."""
+    run = make_run(method=method, params=small_params(method), rounds=5, clients_per_round=4,
+                   checkpoint_every=2, eval_every=2)
+    full = train(run, digits_store, tmp_path / "full", progress=False)
+    cls = algorithms.get(method)
+    real_round = cls.round
+
+    def dying_round(self, state, clients, rnd):       # the job dies during round 4
+        if rnd == 4:
+            raise KeyboardInterrupt
+        return real_round(self, state, clients, rnd)
+
+    ck = tmp_path / "ck.pt"
+    monkeypatch.setattr(cls, "round", dying_round)
+    with pytest.raises(KeyboardInterrupt):
+        train(run, digits_store, tmp_path / "resumed", checkpoint=ck, progress=False)
+    monkeypatch.setattr(cls, "round", real_round)
+    assert torch.load(ck, weights_only=True)["round"] == 2
+    assert not (tmp_path / "resumed" / "metrics.json").exists()
+    resumed = train(run, digits_store, tmp_path / "resumed", checkpoint=ck, progress=False)
+    assert resumed["final"] == full["final"]
+    assert outputs(tmp_path / "resumed") == outputs(tmp_path / "full")
+    assert not ck.exists()                            # removed once the run is done
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_algorithms_keep_nothing_outside_their_state(method, digits_store):
+    """The contract of algorithms/base.py: init() and round() set no attribute; State holds only
+    tensors and numbers (so checkpoints load with weights_only=True)."""
+    cls = algorithms.get(method)
+    fed = build_federation(load(digits_store), {"name": "digits_cnn"},
+                           make_run(rounds=2, clients_per_round=8)["train"], 0)
+    algo = cls(fed, cls.Params(**small_params(method)))
+    before = dict(vars(algo))
+    state = algo.init()
+    for r in (1, 2):
+        state, _ = algo.round(state, fed.clients(r), r)
+    assert vars(algo).keys() == before.keys(), f"{method} set {set(vars(algo)) - set(before)}"
+    assert all(vars(algo)[k] is v for k, v in before.items())
+    assert all(isinstance(v, (torch.Tensor, int, float, bool)) for v in algo.state_dict(state).values())
+
+
+class _DieAt(Tracker):
+    """A tracker that interrupts the run when round ``r`` is logged."""
+
+    def __init__(self, r):
+        self.r = r
+
+    def log(self, metrics, step):
+        if step == self.r:
+            raise KeyboardInterrupt
+
+
+def test_foreign_or_corrupt_checkpoint_is_ignored(digits_store, tmp_path, caplog):
+    run = make_run(rounds=2, checkpoint_every=1)
+    ref = train(run, digits_store, tmp_path / "ref", progress=False)
+    ck = tmp_path / "ck.pt"
+    ck.write_bytes(b"not a checkpoint")
+    with caplog.at_level(logging.WARNING, "mcfl"):
+        assert train(run, digits_store, tmp_path / "a", checkpoint=ck, progress=False)["final"] == ref["final"]
+    assert "cannot resume" in caplog.text
+    other = make_run(rounds=4, checkpoint_every=1, lr=0.05)      # killed run of another config
+    with pytest.raises(KeyboardInterrupt):
+        train(other, digits_store, tmp_path / "b", checkpoint=ck, progress=False, tracker=_DieAt(3))
+    with caplog.at_level(logging.WARNING, "mcfl"):
+        assert train(run, digits_store, tmp_path / "c", checkpoint=ck, progress=False)["final"] == ref["final"]
+    assert "belongs to another configuration" in caplog.text
+
+
+def _checkpoint_round(path: Path) -> int:
+    try:
+        return int(torch.load(path, weights_only=True)["round"])
+    except Exception:  # noqa: BLE001 - not there yet
+        return 0
+
+
+def _wait_for_checkpoint(proc, path: Path, rnd: int, timeout: float = 300) -> None:
+    end = time.time() + timeout
+    while _checkpoint_round(path) < rnd:
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended ({proc.returncode}) before checkpoint {rnd}")
+        if time.time() > end:
+            raise AssertionError(f"no checkpoint of round {rnd} after {timeout} s")
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_killed_cli_process_resumes_bitwise_and_continues_its_mlflow_run(digits_store, tmp_path, mlflow_uri):
+    """`mcfl train` is killed at random rounds (SIGTERM once, then SIGKILL), rerun each time, and
+    must end bitwise equal to an uninterrupted run, in one MLflow run with every round once."""
+    seed = int(os.environ.get("MCFL_FAULT_SEED") or time.time_ns() % 10_000)
+    rng = random.Random(seed)
+    R = 16
+    kills = [rng.randint(1, 3)]
+    for _ in range(2):                                             # three kill points, <= R - 3
+        kills.append(kills[-1] + rng.randint(3, 4))
+    run = make_run(method="FeSEM", params={"K": 2, "restarts": 2}, rounds=R, clients_per_round=8,
+                   checkpoint_every=1, eval_every=3)
+    ref = train(run, digits_store, tmp_path / "ref", progress=False)
+    out, ck = tmp_path / "out", tmp_path / "ck.pt"
+    cmd = [shutil.which("mcfl", path=str(Path(sys.executable).parent)) or "mcfl", "train",
+           "--run", json.dumps(run), "--store", str(digits_store), "--out", str(out),
+           "--checkpoint", str(ck), "--no-progress"]
+    env = dict(os.environ, MLFLOW_TRACKING_URI=mlflow_uri)
+    client, _ = mlflow_runs(mlflow_uri, "test")
+    why = f"(MCFL_FAULT_SEED={seed}, kill points {kills})"
+    run_id = None
+    for i, k in enumerate(kills):
+        proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)     # a few log lines only
+        _wait_for_checkpoint(proc, ck, k)
+        time.sleep(rng.uniform(0, 0.15))                          # somewhere in a later round
+        proc.send_signal(signal.SIGTERM if i == 0 else signal.SIGKILL)
+        err = proc.communicate(timeout=120)[1]
+        assert proc.returncode == (128 + signal.SIGTERM if i == 0 else -signal.SIGKILL), err + why
+        assert not (out / "metrics.json").exists(), why
+        run_id = run_id or torch.load(ck, weights_only=True)["tracking_id"]
+        assert torch.load(ck, weights_only=True)["tracking_id"] == run_id
+        assert client.get_run(run_id).info.status == ("KILLED" if i == 0 else "RUNNING"), why
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr + why
+    assert "resuming" in done.stderr
+    final = json.loads((out / "metrics.json").read_text())["final"]
+    assert final == ref["final"], why
+    assert outputs(out) == outputs(tmp_path / "ref"), why
+    _, runs = mlflow_runs(mlflow_uri, "test")
+    assert [r.info.run_id for r in runs] == [run_id] and runs[0].info.status == "FINISHED"
+    hist = pd.read_csv(tmp_path / "ref" / "history.csv")
+    for key in hist.columns.drop("round"):
+        want = hist[["round", key]].dropna()
+        got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        assert got == list(zip(want["round"], want[key].astype(float))), f"{key} {why}"
+    print(f"resumed identically after kills at checkpoints {kills} (MCFL_FAULT_SEED={seed})")
+
+
+@pytest.mark.slow
+def test_snakemake_rerun_incomplete_resumes_a_killed_job(tmp_path, cli_env):
+    """Snakemake and its training job are SIGKILLed; `--unlock` then `--rerun-incomplete` resumes
+    the job from its checkpoint (which lives outside the job's outputs) to the same result."""
+    import psutil
+
+    cfg = {"experiment": "ri-test", "seeds": [0],
+           "datasets": {"digits": {"prepare": {"source": "digits", "clients": 12, "clusters": 2, "seed": 0},
+                                   "model": {"name": "digits_cnn"},
+                                   "train": {"rounds": 30, "lr": 0.1, "eval_every": 5,
+                                             "clients_per_round": 6, "checkpoint_every": 2}}},
+           "methods": [{"method": "FedAvg"}]}
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    smk = [shutil.which("snakemake", path=str(Path(sys.executable).parent)) or "snakemake",
+           "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--cores", "1"]
+    ck = tmp_path / "results" / "checkpoints" / "digits" / "FedAvg" / "seed0.pt"
+    run_dir = tmp_path / "results" / "runs" / "digits" / "FedAvg" / "seed0"
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen(smk, env=cli_env, stdout=log, stderr=subprocess.STDOUT)
+    _wait_for_checkpoint(proc, ck, 6)
+    tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+    for p in tree:                                                 # Snakemake first: no clean-up
+        p.kill()
+    proc.wait()
+    assert not (run_dir / "metrics.json").exists()
+    assert subprocess.run(smk + ["--unlock"], env=cli_env, capture_output=True).returncode == 0
+    r = subprocess.run(smk + ["--rerun-incomplete"], env=cli_env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming FedAvg from round" in (tmp_path / "logs/train/digits/FedAvg/seed0.log").read_text()
+    ref = train(expand_runs(validate(copy.deepcopy(cfg)))[0], tmp_path / "data" / "digits",
+                tmp_path / "ref", progress=False)
+    assert json.loads((run_dir / "metrics.json").read_text())["final"] == ref["final"]
+    assert outputs(run_dir) == outputs(tmp_path / "ref")
+    assert not ck.exists()
+    _, runs = mlflow_runs(cli_env["MLFLOW_TRACKING_URI"], "ri-test")
+    jobs = [r for r in runs if r.data.tags.get("sweep") != "true"]
+    assert len(jobs) == 1 and jobs[0].info.status == "FINISHED"
+
+
+class _DyingMLflow(MLflowTracker):
+    """An MLflow tracker that interrupts the run when round ``r`` is logged."""
+
+    def __init__(self, r, **kw):
+        super().__init__("test", **kw)
+        self.r = r
+
+    def log(self, metrics, step):
+        if step == self.r:
+            raise KeyboardInterrupt
+        super().log(metrics, step)
+
+
+def test_resume_whose_mlflow_run_was_deleted_records_a_new_run(digits_store, tmp_path, mlflow_uri, caplog):
+    run = make_run(rounds=3, checkpoint_every=1)
+    ck = tmp_path / "ck.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train(run, digits_store, tmp_path / "out", checkpoint=ck, tracker=_DyingMLflow(3), progress=False)
+    client, (old,) = mlflow_runs(mlflow_uri, "test")
+    client.delete_run(old.info.run_id)
+    with caplog.at_level(logging.WARNING, "mcfl"):
+        train(run, digits_store, tmp_path / "out", checkpoint=ck, tracker=MLflowTracker("test"), progress=False)
+    assert f"MLflow run {old.info.run_id} is not in" in caplog.text
+    _, (new,) = mlflow_runs(mlflow_uri, "test")                # deleted runs are not listed
+    assert new.info.run_id != old.info.run_id and new.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(new.info.run_id, "train_loss")] == [1, 2, 3]
+
+
+def test_resumed_mlflow_run_records_each_round_once(digits_store, tmp_path, mlflow_uri):
+    """A job killed after MLflow already holds rounds beyond its checkpoint: the resumed job
+    continues the same MLflow run without recording any round twice."""
+    run = make_run(rounds=6, checkpoint_every=3, eval_every=2)
+    ck = tmp_path / "ck.pt"
+    with pytest.raises(KeyboardInterrupt):             # sends every metric at once, dies in round 5
+        train(run, digits_store, tmp_path / "out", checkpoint=ck, tracker=_DyingMLflow(5, flush_every=1),
+              progress=False)
+    client, runs = mlflow_runs(mlflow_uri, "test")
+    (killed,) = runs
+    assert killed.info.status == "KILLED"
+    assert max(m.step for m in client.get_metric_history(killed.info.run_id, "train_loss")) == 4
+    train(run, digits_store, tmp_path / "out", checkpoint=ck, tracker=MLflowTracker("test"), progress=False)
+    _, runs = mlflow_runs(mlflow_uri, "test")
+    assert [r.info.run_id for r in runs] == [killed.info.run_id] and runs[0].info.status == "FINISHED"
+    hist = pd.read_csv(tmp_path / "out" / "history.csv")
+    for key in ("train_loss", "micro_acc"):
+        got = sorted((m.step, m.value) for m in client.get_metric_history(killed.info.run_id, key))
+        want = hist[["round", key]].dropna()
+        assert got == list(zip(want["round"], want[key].astype(float))), key
+    assert len(list((tmp_path / "mlartifacts").rglob("metrics.json"))) == 1
+
+
+def test_lock_errors_are_retried_and_logged(monkeypatch, caplog):
+    from mcfl import track
+
+    monkeypatch.setattr(track.time, "sleep", lambda s: None)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("(sqlite3.OperationalError) database is locked")
+        return "ok"
+
+    with caplog.at_level(logging.INFO, "mcfl"):
+        assert track._retry(flaky) == "ok"
+    assert len(calls) == 3 and caplog.text.count("database is locked); retry") == 2
+    with pytest.raises(KeyError):                   # anything else is not retried
+        track._retry(lambda: {}["x"])
+
+
+def test_cli_sets_cublas_workspace_before_anything_runs(monkeypatch, capsys):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert cli.main(["methods"]) == 0
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not torch.cuda.is_initialized()
+
+
+# ===================================================================================== determinism
+@pytest.mark.parametrize("method", METHODS)
+def test_same_seed_repeats_bitwise_other_seed_differs(method, digits_store, tmp_path):
+    run = make_run(method=method, params=small_params(method), rounds=3, clients_per_round=4)
+    a = train(run, digits_store, tmp_path / "a", progress=False)
+    b = train(run, digits_store, tmp_path / "b", progress=False)
+    assert a["final"] == b["final"]
+    assert outputs(tmp_path / "a") == outputs(tmp_path / "b")
+    c = train(dict(run, seed=1), digits_store, tmp_path / "c", progress=False)
+    assert c["final"] != a["final"]
+
+
+def test_local_update_does_not_depend_on_order_or_other_clients(digits_store):
+    fed = build_federation(load(digits_store), {"name": "digits_cnn"}, make_run()["train"], 0)
+    alone = {c: fed.trainer.train(Task(c, fed.w0), 5).weights for c in (3, 7, 11)}
+    crowd = {t.client: r.weights for t, r in fed.trainer.run([Task(c, fed.w0) for c in range(15, -1, -1)], 5)}
+    assert all(torch.equal(alone[c], crowd[c]) for c in alone)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_client_processing_order_does_not_change_results(method, digits_store):
+    """Reversing the order clients are processed in changes only float rounding of server sums."""
+    cls = algorithms.get(method)
+    states = []
+    for order in (1, -1):
+        fed = build_federation(load(digits_store), {"name": "digits_cnn"},
+                               make_run(rounds=2, clients_per_round=6)["train"], 0)
+        algo = cls(fed, cls.Params(**small_params(method)))
+        state = algo.init()
+        for r in (1, 2):
+            state, _ = algo.round(state, fed.clients(r)[::order].copy(), r)
+        states.append(algo.state_dict(state))
+    for key, a in states[0].items():
+        b = states[1][key]
+        if torch.is_tensor(a) and a.is_floating_point():
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), key
+        else:
+            assert torch.equal(torch.as_tensor(a), torch.as_tensor(b)), key
+
+
+# ======================================================================================= divergence
+def test_divergence_fails_the_mlflow_run_and_leaves_no_result(digits_store, tmp_path, mlflow_uri, capsys):
+    out = tmp_path / "out"
+
+    def cli_train(run):
+        return cli.main(["train", "--run", json.dumps(run), "--store", str(digits_store),
+                         "--out", str(out), "--no-progress"])
+
+    assert cli_train(make_run(rounds=2)) == 0 and (out / "metrics.json").exists()
+    assert cli_train(make_run(rounds=2, lr=1e6)) == 1
+    assert re.search(r"round 1, client \d+: local training diverged", capsys.readouterr().err)
+    assert not (out / "metrics.json").exists()                 # the earlier result is gone too
+    _, runs = mlflow_runs(mlflow_uri, "test")
+    assert sorted(r.info.status for r in runs) == ["FAILED", "FINISHED"]
+
+
+def test_non_finite_server_metric_stops_the_run(digits_store, tmp_path, monkeypatch):
+    from mcfl.algorithms.fedavg import FedAvg
+
+    real = FedAvg.round
+    monkeypatch.setattr(FedAvg, "round", lambda self, s, c, r: (real(self, s, c, r)[0], {"train_loss": float("inf")}))
+    with pytest.raises(DivergenceError, match=r"round 1: non-finite train_loss"):
+        train(make_run(rounds=2), digits_store, tmp_path, progress=False)
+    assert not (tmp_path / "metrics.json").exists()
+
+
+# =========================================================================================== config
+def _base():
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+BAD_CONFIGS = [
+    (lambda c: c["datasets"]["digits"]["prepare"].update(clients="ten"),
+     r"datasets\.digits\.prepare\.clients: 'ten' is not allowed: Input should be a valid integer"),
+    (lambda c: c["datasets"]["digits"]["prepare"].update(partition="shards"),
+     r"datasets\.digits\.prepare\.partition: .*'dirichlet' or 'classes'"),
+    (lambda c: c["datasets"]["digits"]["prepare"].update(alpha=0), r"prepare\.alpha: 0 .*greater than 0"),
+    (lambda c: c["datasets"]["digits"]["prepare"].update(min_samples=1), r"prepare\.min_samples: 1 .*greater than or equal to 2"),
+    (lambda c: c["datasets"]["digits"]["prepare"].update(test_fraction=1.0), r"prepare\.test_fraction: 1\.0 .*less than 1"),
+    (lambda c: c["datasets"]["synthetic"]["prepare"].update(variant="fedavg"), r"prepare\.variant: .*'leaf' or 'fedprox'"),
+    (lambda c: c["datasets"]["digits"]["model"].update(hidden="big"), r"datasets\.digits\.model\.hidden: 'big'"),
+    (lambda c: c["methods"][2].update(lam="high"), r"methods\[2\]\.lam: 'high' .*valid number"),
+    (lambda c: c["methods"][2].update(lam=-1.0), r"methods\[2\]\.lam: lam must be >= 0"),
+    (lambda c: c["methods"][2].update(restarts=2.5), r"methods\[2\]\.restarts: 2\.5 .*valid integer"),
+    (lambda c: c["methods"][2].update(K=[2, 2]), r"methods\[2\]\.K: \[2, 2\] has non-unique elements"),
+    (lambda c: c["methods"][2].update(K=[0, 2]), r"methods\[2\]\.K\[0\]: 0 is less than the minimum of 1"),
+    (lambda c: c.update(seeds=[0, 0]), r"seeds: \[0, 0\] has non-unique elements"),
+    (lambda c: c.update(experiment=""), r"experiment: '' should be non-empty"),
+    (lambda c: c.update(device="gpu"), r"device: 'gpu' does not match .*auto\|cpu\|cuda"),
+    (lambda c: c.update(tracking="yes"), r"tracking: 'yes' is not of type 'boolean'"),
+    (lambda c: c["datasets"]["digits"]["train"].update(clients_per_round=500),
+     r"datasets\.digits\.train\.clients_per_round: 500 is larger than the number of clients"),
+    (lambda c: c["methods"][0].update(train={"clients_per_round": 101}), r"methods\[0\]\.train\.clients_per_round: 101"),
+    (lambda c: c["methods"][0].update(train={"momentum": 0.9}),
+     r"methods\[0\]\.train: .*'momentum' was unexpected\); allowed: rounds, clients_per_round, lr"),
+    (lambda c: c["datasets"]["digits"]["train"].update(checkpoint_every=-1), r"train\.checkpoint_every: -1"),
+    (lambda c: c.update(sedes=[1]), r"\(top level\): .*'sedes' was unexpected\); allowed: experiment, seeds"),
+]
+
+
+@pytest.mark.parametrize("mutate, message", BAD_CONFIGS)
+def test_bad_config_names_key_and_allowed_values(mutate, message):
+    cfg = _base()
+    mutate(cfg)
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+def test_check_config_cli_rejects_with_exit_code_1(tmp_path, capsys):
+    cfg = _base()
+    cfg["datasets"]["digits"]["prepare"]["partition"] = "shards"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    assert cli.main(["check-config", str(tmp_path / "c.yaml")]) == 1
+    assert "prepare.partition" in capsys.readouterr().err
+
+
+# ============================================================================================= data
+def _clients(n=3, n_train=4, n_test=2):
+    rng = np.random.default_rng(0)
+    return [ClientData(f"c{i}", rng.random((n_train, 2, 3), dtype=np.float32), np.arange(n_train) % 3,
+                       rng.random((n_test, 2, 3), dtype=np.float32), np.arange(n_test) % 3) for i in range(n)]
+
+
+def _arrays(clients):
+    cat = lambda a: np.concatenate([getattr(c, a) for c in clients])   # noqa: E731
+    off = lambda a: np.concatenate([[0], np.cumsum([len(getattr(c, a)) for c in clients])])   # noqa: E731
+    arrays = {"x_train": cat("x_train"), "y_train": cat("y_train"), "offsets_train": off("y_train"),
+              "x_test": cat("x_test"), "y_test": cat("y_test"), "offsets_test": off("y_test"),
+              "cluster": np.full(len(clients), -1)}
+    meta = {"format": "mcfl-store/1", "n_classes": 3, "x_shape": [2, 3], "x_scale": 1.0,
+            "client_ids": [c.id for c in clients]}
+    return arrays, meta
+
+
+def _empty_train(cs):
+    cs[1].x_train, cs[1].y_train = cs[1].x_train[:0], cs[1].y_train[:0]
+
+
+def _no_tests(cs):
+    for c in cs:
+        c.x_test, c.y_test = c.x_test[:0], c.y_test[:0]
+
+
+def _bad_label(cs):
+    cs[2].y_test = np.array([0, 3])
+
+
+def _bad_shape(cs):
+    cs[1].x_train = np.zeros((4, 3, 2), np.float32)
+
+
+def _nan(cs):
+    cs[0].x_train[1, 0, 0] = np.nan
+
+
+def _dup(cs):
+    cs[2].id = "c0"
+
+
+DATA_FAULTS = [(_empty_train, "no training samples"), (_no_tests, "no client has test samples"),
+               (_bad_label, r"labels outside \[0, 2\] \(first: 3, client 'c2'\)"),
+               (_bad_shape, "shape"), (_nan, "NaN or inf"), (_dup, "duplicate client ids")]
+
+
+@pytest.mark.parametrize("fault, message", DATA_FAULTS)
+def test_bad_data_is_rejected_by_write_store_and_write_arrays(fault, message, tmp_path):
+    cs = _clients()
+    fault(cs)
+    with pytest.raises(StoreError, match=message):
+        write_store(tmp_path / "s", cs, n_classes=3, source="unit", params={})
+    if fault is not _bad_shape:          # pre-concatenated arrays (LEAF import) cannot mix shapes
+        with pytest.raises(StoreError, match=message):
+            write_arrays(tmp_path / "a", *_arrays(cs))
+    assert list(tmp_path.iterdir()) == []                     # nothing half-written
+
+
+@pytest.mark.parametrize("fault, message", DATA_FAULTS)
+def test_bad_data_in_an_existing_store_is_rejected_at_load(fault, message, tmp_path):
+    good = write_store(tmp_path / "s", _clients(), n_classes=3, source="unit", params={})
+    cs = _clients()
+    if fault is not _bad_shape:
+        fault(cs)
+    arrays, meta = _arrays(cs)
+    if fault is _bad_shape:
+        arrays["x_train"] = np.zeros((12, 3, 2), np.float32)
+    stored = json.loads((good / "meta.json").read_text())
+    for name, a in arrays.items():                  # a hand-made store: bad content, right hashes
+        np.save(good / f"{name}.npy", a)
+        stored["files"][f"{name}.npy"] = sha256_file(good / f"{name}.npy")
+    (good / "meta.json").write_text(json.dumps(dict(stored, client_ids=meta["client_ids"])))
+    with pytest.raises(StoreError, match=message):
+        load(good, verify=fault is _nan)                      # NaN scan: at write, or with verify
+
+
+def test_partitioner_rejects_clients_too_small_to_split():
+    from mcfl.data.partition import classes_partition
+
+    with pytest.raises(ValueError, match=r"clients got fewer than 2 samples"):
+        classes_partition(np.repeat(np.arange(10), 3), 40, 1, np.random.default_rng(0), min_size=2)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_one_sample_and_untested_clients_train_and_are_reported(method, tmp_path, caplog):
+    """Documented skips: a client with one training sample trains on it; a client without test
+    samples trains, is left out of the test metrics, and is named in a warning."""
+    cs = _clients(n=6, n_train=5, n_test=3)
+    cs[0].x_train, cs[0].y_train = cs[0].x_train[:1], cs[0].y_train[:1]
+    cs[1].x_test, cs[1].y_test = cs[1].x_test[:0], cs[1].y_test[:0]
+    with caplog.at_level(logging.WARNING, "mcfl"):
+        store = write_store(tmp_path / "s", cs, n_classes=3, source="unit", params={})
+        run = make_run(dataset="unit", method=method, params=small_params(method), rounds=2,
+                       model={"name": "logreg"})
+        res = train(run, store, tmp_path / "out", progress=False)
+    assert caplog.text.count("1 of 6 clients have no test samples (c1)") == 2    # at write and at train
+    assert 0 <= res["final"]["micro_acc"] <= 1
+    assert (tmp_path / "out" / "metrics.json").exists()
+
+
+# ========================================================================================== outputs
+@pytest.mark.parametrize("error", [OSError("disk full"), KeyboardInterrupt()])
+def test_store_killed_mid_write_leaves_nothing(error, tmp_path, monkeypatch):
+    import mcfl.data.store as store
+
+    real, calls = np.save, []
+
+    def failing_save(path, arr, **kw):
+        calls.append(path)
+        if len(calls) == 4:
+            raise error
+        real(path, arr, **kw)
+
+    monkeypatch.setattr(store.np, "save", failing_save)
+    with pytest.raises(type(error)):
+        write_store(tmp_path / "s", _clients(), n_classes=3, source="unit", params={})
+    assert list(tmp_path.iterdir()) == []
+
+
+# ====================================================================================== concurrency
+@pytest.mark.slow
+def test_parallel_jobs_share_one_sqlite_store_without_losing_a_run(tmp_path, cli_env):
+    """8 training jobs at --cores 4 write to one sqlite MLflow store: every run recorded, FINISHED,
+    with every round's metrics, and no lock error reaches a job."""
+    cfg = {"experiment": "conc", "seeds": [0, 1, 2, 3],
+           "datasets": {"digits": {"prepare": {"source": "digits", "clients": 12, "clusters": 2, "seed": 0},
+                                   "model": {"name": "digits_cnn"},
+                                   "train": {"rounds": 6, "lr": 0.1, "eval_every": 2,
+                                             "clients_per_round": 4, "checkpoint_every": 1}}},
+           "methods": [{"method": "FedAvg"}, {"method": "NoFed"}]}
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    smk = [shutil.which("snakemake", path=str(Path(sys.executable).parent)) or "snakemake",
+           "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--cores", "4"]
+    r = subprocess.run(smk, env=cli_env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    client, runs = mlflow_runs(cli_env["MLFLOW_TRACKING_URI"], "conc")
+    sweep = [x for x in runs if x.data.tags.get("sweep") == "true"]
+    jobs = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == sweep[0].info.run_id]
+    assert len(sweep) == 1 and sweep[0].info.status == "FINISHED"
+    assert len(jobs) == 8 and {x.info.status for x in jobs} == {"FINISHED"}
+    for x in jobs:
+        assert [m.step for m in client.get_metric_history(x.info.run_id, "train_loss")] == list(range(1, 7))
+        assert sorted(m.step for m in client.get_metric_history(x.info.run_id, "micro_acc")) == [2, 4, 6]
+    logs = "".join(p.read_text() for p in (tmp_path / "logs" / "train").rglob("*.log"))
+    assert "Traceback" not in logs and "OperationalError" not in logs
+    retries = logs.count("database is locked); retry")
+    print(f"8 concurrent runs recorded; {retries} lock retries")
