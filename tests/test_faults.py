@@ -492,7 +492,7 @@ def _dup(cs):
     cs[2].id = "c0"
 
 
-DATA_FAULTS = [(_empty_train, "no training samples"), (_no_tests, "no client has test samples"),
+DATA_FAULTS = [(_empty_train, "no training samples"),
                (_bad_label, r"labels outside \[0, 2\] \(first: 3, client 'c2'\)"),
                (_bad_shape, "shape"), (_nan, "NaN or inf"), (_dup, "duplicate client ids")]
 
@@ -525,6 +525,18 @@ def test_bad_data_in_an_existing_store_is_rejected_at_load(fault, message, tmp_p
     (good / "meta.json").write_text(json.dumps(dict(stored, client_ids=meta["client_ids"])))
     with pytest.raises(StoreError, match=message):
         load(good, verify=fault is _nan)                      # NaN scan: at write, or with verify
+
+
+def test_a_store_without_any_test_sample_is_written_but_not_trained_on(tmp_path, caplog):
+    cs = _clients()
+    _no_tests(cs)
+    with caplog.at_level(logging.WARNING, "mcfl"):
+        store = write_store(tmp_path / "s", cs, n_classes=3, source="unit", params={})
+    assert "no client has test samples" in caplog.text
+    run = make_run(dataset="unit", model={"name": "logreg"})
+    with pytest.raises(StoreError, match="no client has test samples, so nothing could be evaluated"):
+        train(run, store, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_partitioner_rejects_clients_too_small_to_split():

@@ -153,6 +153,11 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     configure_torch(dev, threads)
     t0 = time.time()
     data = load(store)
+    if int(data.meta["n_test"]) == 0:
+        from mcfl.data.store import StoreError
+
+        raise StoreError(f"{store}: no client has test samples, so nothing could be evaluated; "
+                         f"re-split it (a lower train fraction or the partition stage)")
     warn_untested(data.path, data.client_ids, data.n_test())
     cls = algorithms.get(run["method"])
     params = cls.Params(**run["params"])

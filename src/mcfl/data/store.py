@@ -20,8 +20,9 @@ loaded (so a damaged or hand-made store is caught before training); messages nam
 client:
 
 * a client without training samples, labels outside ``[0, n_classes)``, samples whose shape differs
-  from ``x_shape``, NaN/inf features, duplicate client ids, a store without any test sample,
-  inconsistent offsets: :class:`StoreError`;
+  from ``x_shape``, NaN/inf features, duplicate client ids, inconsistent offsets: :class:`StoreError`;
+* a store without any test sample (e.g. ``tf=1.0``, to be re-split later): written with a warning;
+  training on it is a :class:`StoreError` (``mcfl train`` checks before any work);
 * a client without test samples: allowed; it trains, is left out of the test metrics (see
   :mod:`mcfl.metrics`), and a warning names it when the store is written and when a run starts;
 * a client with a single training sample: allowed (its minibatches have one sample).
@@ -232,7 +233,8 @@ def check_arrays(where: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any
         raise StoreError(f"{where}: {len(empty)} clients have no training samples ({', '.join(empty[:5])}"
                          f"{', ...' if len(empty) > 5 else ''}); drop them, or lower the test fraction")
     if arrays["offsets_test"][-1] == 0:
-        raise StoreError(f"{where}: no client has test samples; nothing could be evaluated")
+        log.warning("%s: no client has test samples: the store can be re-split (partition stage) "
+                    "but not trained on", where)
     if arrays["cluster"].shape != (m,):
         raise StoreError(f"{where}/cluster.npy: expected {m} entries, found {arrays['cluster'].shape}")
 
