@@ -136,6 +136,7 @@ def validate(cfg: dict, source: str = "config") -> dict:
     for name, ds in cfg["datasets"].items():
         prep = ds["prepare"]
         _check_kwargs(f"datasets.{name}.prepare", _source_fn(prep["source"]), prep, skip=("source",))
+        _check_partition(name, ds.get("partition"))
         _check_kwargs(f"datasets.{name}.model", models.MODELS[ds["model"]["name"]],
                       ds["model"], skip=("name",))
     for i, entry in enumerate(cfg["methods"]):
@@ -144,11 +145,10 @@ def validate(cfg: dict, source: str = "config") -> dict:
             params = method_params(entry, f"methods[{i}]", K)
             k = getattr(params, "K", None)
             for name, ds in cfg["datasets"].items():
-                n = ds["prepare"].get("clients")
+                n = n_clients(ds)
                 if k is not None and isinstance(n, int) and k > n:
                     raise ConfigError(f"{source}: methods[{i}].K: K={k} is larger than the number "
-                                      f"of clients of dataset {name!r} (datasets.{name}.prepare."
-                                      f"clients = {n})")
+                                      f"of clients of dataset {name!r} ({n} clients)")
     runs = expand_runs(cfg)
     seen: dict[tuple, int] = {}
     for r in runs:
@@ -158,6 +158,27 @@ def validate(cfg: dict, source: str = "config") -> dict:
                               f"one of them a distinct `name`")
         seen[key] = 1
     return cfg
+
+
+def _check_partition(name: str, block: dict | None) -> None:
+    from mcfl.data.repartition import resolve
+
+    try:
+        r = resolve(block)
+    except ValueError as e:
+        raise ConfigError(f"datasets.{name}.partition: {e}") from None
+    if r["scheme"] == "natural" and (block or {}).get("clients") is not None:
+        raise ConfigError(f"datasets.{name}.partition.clients: scheme natural keeps the dataset's "
+                          f"clients; remove clients or pick another scheme")
+
+
+def n_clients(ds: dict) -> int | None:
+    """A dataset's number of training clients as far as the config says (None if unknown)."""
+    part = ds.get("partition") or {}
+    if part.get("scheme", "natural") != "natural" and part.get("clients") is not None:
+        return int(part["clients"])
+    n = ds["prepare"].get("clients")
+    return n if isinstance(n, int) else None
 
 
 def load_config(path: str | Path) -> dict:
@@ -178,6 +199,7 @@ def load_config(path: str | Path) -> dict:
 def expand_runs(cfg: dict) -> list[dict[str, Any]]:
     """One run dict per (dataset, method entry, K, seed), in config order."""
     from mcfl import algorithms
+    from mcfl.data.repartition import label as partition_label
 
     runs = []
     for dname, ds in cfg["datasets"].items():
@@ -195,5 +217,6 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                                  "run_id": run_id, "seed": int(seed), "params": params,
                                  "model": dict(ds["model"]), "train": train,
                                  "data": dict(ds["prepare"]), "experiment": cfg["experiment"],
+                                 "partition": partition_label(ds.get("partition")),
                                  "needs_centres": cls.needs_centres})
     return runs
