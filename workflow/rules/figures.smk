@@ -36,6 +36,8 @@ rule figure_clusters:
         csv=RES + "/figures/clusters_{dataset}.csv",
     log:
         "logs/figures/clusters_{dataset}.log",
+    benchmark:
+        RES + "/benchmarks/figures/clusters_{dataset}.tsv"
     params:
         run=lambda w: canonical_json(RUNS[figure_run(w.dataset, "clusters")]),
         clients=FIG["clusters"]["clients"],
@@ -59,6 +61,8 @@ rule figure_cases:
         report(RES + "/figures/cases_{dataset}.png", caption="../report/cases.rst", category="Figures"),
     log:
         "logs/figures/cases_{dataset}.log",
+    benchmark:
+        RES + "/benchmarks/figures/cases_{dataset}.tsv"
     params:
         title=lambda w: f"{w.dataset}: {FIG['cases']['run']} clusters, seed {config['seeds'][0]}",
         clients=FIG["cases"]["clients"],

@@ -131,7 +131,7 @@ def partition_store(src: str | Path, out: str | Path, *, scheme: str = "natural"
     r = resolve(dict(scheme=scheme, clients=clients, alpha=alpha, classes_per_client=classes_per_client,
                      min_samples=min_samples, sizes=sizes, split=split, test_fraction=test_fraction,
                      seed=seed))
-    if r["scheme"] == "natural" and clients not in (None, 0):
+    if r["scheme"] == "natural" and clients is not None:
         raise ValueError("partition scheme 'natural' keeps the dataset's clients; do not set clients")
     if r.get("clients") is not None and int(r["clients"]) < 1:
         raise ValueError(f"clients must be at least 1, got {r['clients']}")
@@ -153,6 +153,8 @@ def partition_store(src: str | Path, out: str | Path, *, scheme: str = "natural"
     train, test = [], []
     for i, idx in enumerate(parts):
         if r["split"] == "redo":
+            if len(idx) < 2:
+                raise ValueError(f"{out}: client {ids[i]} has {len(idx)} sample; a redone split needs 2")
             tr, te = split_train_test(len(idx), r["test_fraction"], rng)
             tr, te = idx[tr], idx[te]
         else:

@@ -85,8 +85,8 @@ def convergence_figure(hist: pd.DataFrame, dataset: str, path: Path) -> None:
         g = h[h["method"] == method].groupby("round")["micro_acc"]
         mean, std = g.mean() * 100, g.std(ddof=1).fillna(0) * 100
         style = dict(ls="--", color="k") if method == "FedAvg" else {}
-        ax.plot(mean.index, mean.values, label=method, **style)
-        ax.fill_between(mean.index, mean - std, mean + std, alpha=0.15, color=style.get("color"))
+        (line,) = ax.plot(mean.index, mean.values, label=method, **style)
+        ax.fill_between(mean.index, mean - std, mean + std, alpha=0.15, color=line.get_color())
     ax.set_xlabel("round")
     ax.set_ylabel("micro accuracy (%)")
     ax.set_title(f"Convergence of FeSEM(K) on {dataset}")
