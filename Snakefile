@@ -16,9 +16,11 @@ configfile: "config/config.yaml"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/download.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/partition.smk"
 include: "workflow/rules/init.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/figures.smk"
 
 
 rule all:

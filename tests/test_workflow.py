@@ -80,7 +80,7 @@ def test_dag_runs_end_to_end_and_reruns_only_what_changed(tmp_path, cli_env):
                                                   train=dict(TINY["datasets"]["digits"]["train"], rounds=3))})
     write_config(tmp_path, changed)
     dry = snakemake(tmp_path, cli_env, "-n")
-    assert job_counts(dry.stdout) == {"train": 6, "report": 1, "all": 1}
+    assert job_counts(dry.stdout) == {"train": 6, "report": 1, "figure_cases": 1, "all": 1}  # Fig. 5: FeSEM(2)
 
 
 def test_bad_config_stops_before_any_job(tmp_path, cli_env):

@@ -1,6 +1,7 @@
 """The ``mcfl`` console script. Snakemake rules call these subcommands; so can you.
 
     mcfl prepare digits --out data/digits --clients 100 --alpha 0.5
+    mcfl partition data/digits --out data/digits-iid --scheme iid   # re-deal a store's samples
     mcfl check-config config/config.yaml          # validate; list the runs it makes
     mcfl methods                                  # algorithms and their hyperparameters
     mcfl init-centres --run JSON --store DIR --out FILE
@@ -8,6 +9,7 @@
     mcfl report --out results RUN_DIR [RUN_DIR ...]
     mcfl download femnist --out data/raw/femnist  # LEAF raw files (see mcfl.data.leaf.cli)
     mcfl import-leaf DIR --out STORE / mcfl export-leaf STORE --out DIR
+    mcfl figure clusters|cases ...                # FeSEM Figs. 4 and 5 (see `mcfl figure -h`)
 """
 
 from __future__ import annotations
@@ -64,6 +66,41 @@ def _cmd_prepare(a) -> int:
     d = load(out)
     print(f"{out}: {d.n_clients} clients, {d.meta['n_train']} train / {d.meta['n_test']} test samples, "
           f"{d.n_classes} classes, content hash {d.content_hash[:12]}")
+    return 0
+
+
+def _add_partition_parser(sub) -> None:
+    from mcfl.data.repartition import DEFAULTS, SCHEMES
+
+    p = sub.add_parser("partition", help="re-partition a store's samples into new clients",
+                       description="Write a new store from STORE with the samples dealt out by "
+                                   "--scheme (see mcfl.data.repartition).")
+    p.add_argument("store", help="prepared store to read")
+    p.add_argument("--out", required=True, help="store directory to write")
+    p.add_argument("--scheme", choices=SCHEMES, default=DEFAULTS["scheme"])
+    p.add_argument("--clients", type=int, help="number of new clients (default: as many as STORE)")
+    p.add_argument("--alpha", type=float, default=DEFAULTS["alpha"], help="Dirichlet concentration")
+    p.add_argument("--classes-per-client", type=int, default=DEFAULTS["classes_per_client"])
+    p.add_argument("--min-samples", type=int, default=DEFAULTS["min_samples"])
+    p.add_argument("--sizes", choices=("equal", "natural"), default=DEFAULTS["sizes"],
+                   help="iid client sizes: equal, or shaped like the dataset's own clients")
+    p.add_argument("--split", choices=("keep", "redo"),
+                   help="train/test: keep each sample's role, or redo per client (default: keep "
+                        "for natural, redo otherwise)")
+    p.add_argument("--test-fraction", type=float, default=DEFAULTS["test_fraction"])
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+
+
+def _cmd_partition(a) -> int:
+    from mcfl.data import load
+    from mcfl.data.repartition import partition_store
+
+    out = partition_store(a.store, a.out, scheme=a.scheme, clients=a.clients, alpha=a.alpha,
+                          classes_per_client=a.classes_per_client, min_samples=a.min_samples,
+                          sizes=a.sizes, split=a.split, test_fraction=a.test_fraction, seed=a.seed)
+    d = load(out)
+    print(f"{out}: {d.meta['partition']['label']}, {d.n_clients} clients, {d.meta['n_train']} train / "
+          f"{d.meta['n_test']} test samples, content hash {d.content_hash[:12]}")
     return 0
 
 
@@ -136,12 +173,61 @@ def _cmd_report(a) -> int:
     return 0
 
 
+def _add_figure_parser(sub) -> None:
+    p = sub.add_parser("figure", help="FeSEM's clustering figures (Fig. 4: clusters, Fig. 5: cases)")
+    figs = p.add_subparsers(dest="figure", required=True, metavar="FIGURE")
+    f = figs.add_parser("clusters", help="Fig. 4: sampled clients' local models in 2-D, coloured by "
+                                         "cluster and by true cluster")
+    f.add_argument("--run", required=True, help="the clustered run's JSON (from `expand_runs`)")
+    f.add_argument("--store", required=True, help="the store the run trained on")
+    f.add_argument("--state", required=True, help="the run's final state (state.pt)")
+    f.add_argument("--out", required=True, help="PNG to write (the 2-D points go next to it as .csv)")
+    f.add_argument("--clients", type=int, default=400, help="clients to sample (all if fewer)")
+    f.add_argument("--projection", choices=("pca", "tsne"), default="pca")
+    f.add_argument("--seed", type=int, default=0, help="seed of the client sample and of t-SNE")
+    f.add_argument("--device", default="auto")
+    f.add_argument("--threads", type=int, default=1)
+    f = figs.add_parser("cases", help="Fig. 5: samples of a few clients of each cluster")
+    f.add_argument("--store", required=True, help="the store the run trained on")
+    f.add_argument("--assignments", required=True, help="the run's assignments.csv")
+    f.add_argument("--out", required=True, help="PNG to write")
+    f.add_argument("--title", default="", help="figure title (e.g. dataset and run label)")
+    f.add_argument("--clients", type=int, default=3, help="clients shown per cluster")
+    f.add_argument("--samples", type=int, default=8, help="training samples shown per client")
+    f.add_argument("--seed", type=int, default=0, help="seed of the client and sample choice")
+
+
+def _cmd_figure(a) -> int:
+    from mcfl.report import figures
+
+    if a.figure == "clusters":
+        run = json.loads(a.run)
+        dev = _federation_device(a.device, a.threads)
+        res = figures.clusters_figure(run, a.store, a.state, a.out, n_clients=a.clients,
+                                      projection=a.projection, seed=a.seed, device=dev)
+    else:
+        res = figures.cases_figure(a.store, a.assignments, a.out, clients_per_cluster=a.clients,
+                                   samples=a.samples, seed=a.seed, title=a.title)
+    print(f"{a.out}: {res}")
+    return 0
+
+
+def _federation_device(device: str, threads: int):
+    from mcfl.federation import resolve_device
+    from mcfl.runner import configure_torch
+
+    dev = resolve_device(device)
+    configure_torch(dev, threads)
+    return dev
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mcfl", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-v", "--verbose", action="store_true")
     sub = ap.add_subparsers(dest="cmd", required=True)
     _add_source_parsers(sub)
+    _add_partition_parser(sub)
     p = sub.add_parser("check-config", help="validate a config and list its runs")
     p.add_argument("config")
     sub.add_parser("methods", help="list algorithms and their hyperparameters")
@@ -161,12 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (table.csv, table.md, figures/)")
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.json, history.csv)")
     leaf_cli.add_parsers(sub)                       # download, import-leaf, export-leaf
+    _add_figure_parser(sub)
     return ap
 
 
 COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
             "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
-            **leaf_cli.COMMANDS}
+            "partition": _cmd_partition, "figure": _cmd_figure, **leaf_cli.COMMANDS}
 
 
 def _terminate(signum, frame):

@@ -181,6 +181,7 @@ def _validate(cfg: dict, source: str) -> dict:
     for name, ds in cfg["datasets"].items():
         prep = ds["prepare"]
         _check_kwargs(f"datasets.{name}.prepare", _source_fn(prep["source"]), prep, skip=("source",))
+        _check_partition(name, ds.get("partition"))
         _check_kwargs(f"datasets.{name}.model", models.MODELS[ds["model"]["name"]],
                       ds["model"], skip=("name",))
     for i, entry in enumerate(cfg["methods"]):
@@ -189,21 +190,20 @@ def _validate(cfg: dict, source: str) -> dict:
             params = method_params(entry, f"methods[{i}]", K)
             k = getattr(params, "K", None)
             for name, ds in cfg["datasets"].items():
-                n = ds["prepare"].get("clients")
+                n = n_clients(ds)
                 if k is not None and isinstance(n, int) and k > n:
                     raise ConfigError(f"{source}: methods[{i}].K: K={k} is larger than the number "
-                                      f"of clients of dataset {name!r} (datasets.{name}.prepare."
-                                      f"clients = {n})")
+                                      f"of clients of dataset {name!r} ({n} clients)")
     for name, ds in cfg["datasets"].items():              # clients per round vs clients
-        n = ds["prepare"].get("clients")
+        n = n_clients(ds)
         trains = [(f"datasets.{name}.train", ds["train"])] + [
             (f"methods[{i}].train", e["train"]) for i, e in enumerate(cfg["methods"]) if "train" in e]
         for where, t in trains:
             c = t.get("clients_per_round")
             if isinstance(n, int) and isinstance(c, int) and c > n:
                 raise ConfigError(f"{source}: {where}.clients_per_round: {c} is larger than the "
-                                  f"number of clients of dataset {name!r} (datasets.{name}.prepare."
-                                  f"clients = {n}); use null for all clients")
+                                  f"number of clients of dataset {name!r} ({n} clients); use null "
+                                  f"for all clients")
     runs = expand_runs(cfg)
     seen: dict[tuple, int] = {}
     for r in runs:
@@ -213,6 +213,27 @@ def _validate(cfg: dict, source: str) -> dict:
                               f"one of them a distinct `name`")
         seen[key] = 1
     return cfg
+
+
+def _check_partition(name: str, block: dict | None) -> None:
+    from mcfl.data.repartition import resolve
+
+    try:
+        r = resolve(block)
+    except ValueError as e:
+        raise ConfigError(f"datasets.{name}.partition: {e}") from None
+    if r["scheme"] == "natural" and (block or {}).get("clients") is not None:
+        raise ConfigError(f"datasets.{name}.partition.clients: scheme natural keeps the dataset's "
+                          f"clients; remove clients or pick another scheme")
+
+
+def n_clients(ds: dict) -> int | None:
+    """A dataset's number of training clients as far as the config says (None if unknown)."""
+    part = ds.get("partition") or {}
+    if part.get("scheme", "natural") != "natural" and part.get("clients") is not None:
+        return int(part["clients"])
+    n = ds["prepare"].get("clients")
+    return n if isinstance(n, int) else None
 
 
 def load_config(path: str | Path) -> dict:
@@ -233,6 +254,7 @@ def load_config(path: str | Path) -> dict:
 def expand_runs(cfg: dict) -> list[dict[str, Any]]:
     """One run dict per (dataset, method entry, K, seed), in config order."""
     from mcfl import algorithms
+    from mcfl.data.repartition import label as partition_label
 
     runs = []
     for dname, ds in cfg["datasets"].items():
@@ -250,5 +272,6 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                                  "run_id": run_id, "seed": int(seed), "params": params,
                                  "model": dict(ds["model"]), "train": train,
                                  "data": dict(ds["prepare"]), "experiment": cfg["experiment"],
+                                 "partition": partition_label(ds.get("partition")),
                                  "needs_centres": cls.needs_centres})
     return runs

@@ -9,6 +9,8 @@ last, so a killed job leaves nothing the report could take for a result):
 * ``history.csv``      one row per round: train loss, the algorithm's diagnostics, and test metrics
   on evaluation rounds;
 * ``assignments.csv``  client id, true cluster, final cluster (blank for unclustered methods);
+* ``state.pt``         a clustered method's final state (FeSEM: centres and assignments), for the
+  clustering figure (:mod:`mcfl.report.figures`); an empty dict for other methods;
 * ``metrics.json``     the run's identity (config, git revision, data hash) and final metrics.
 
 Crash safety. A checkpoint (``checkpoint=PATH``, every ``checkpoint_every`` rounds, written then
@@ -235,9 +237,18 @@ def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, 
         pd.DataFrame({"client": fed.data.client_ids,
                       "true_cluster": truth if truth is not None else pd.NA,
                       "cluster": assign if assign is not None else pd.NA}).to_csv(tmp, index=False)
+    _write_state(out_dir / "state.pt", algo, state)
     result = {"dataset": run["dataset"], "method": run["method"], "label": run["label"],
               "run_id": run["run_id"], "seed": run["seed"], "params": run["params"],
               "rounds": int(run["train"]["rounds"]), "final": final, "wall_s": round(wall, 2),
               "device": str(fed.device), **identity}
+    result["partition"] = run.get("partition", "natural")          # which partition made the data
     write_json(out_dir / "metrics.json", result)
     return result
+
+
+def _write_state(path: Path, algo, state) -> None:
+    """A clustered run's final state (tensors only: loads with ``weights_only=True``) for the
+    clustering figure; an empty dict for unclustered methods, whose state can be m models."""
+    with atomic_path(path) as tmp:
+        torch.save(algo.state_dict(state) if algo.clustered else {}, tmp)

@@ -7,6 +7,7 @@ import time
 from snakemake.exceptions import WorkflowError
 
 from mcfl.config import ConfigError, expand_runs, validate
+from mcfl.data.repartition import is_identity
 from mcfl.io import canonical_json
 
 try:
@@ -50,8 +51,19 @@ def init_json(w):
     return canonical_json(r)
 
 
+def raw_store(dataset):
+    """The prepared store; datasets with identical `prepare` blocks share one (prepared once)."""
+    prep = canonical_json(config["datasets"][dataset]["prepare"])
+    return f"{DATA}/" + next(d for d, ds in config["datasets"].items()
+                             if canonical_json(ds["prepare"]) == prep)
+
+
 def store(dataset):
-    return f"{DATA}/{dataset}"
+    """The store a dataset's runs train on: the prepared one, or its re-partitioned copy
+    (workflow/rules/partition.smk) when its `partition` block changes the clients or the split."""
+    if is_identity(config["datasets"][dataset].get("partition")):
+        return raw_store(dataset)
+    return f"{DATA}/partitioned/{dataset}"
 
 
 def run_dirs():

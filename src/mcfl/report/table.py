@@ -1,7 +1,8 @@
 """Results table and convergence figures.
 
-``table.csv`` has one row per (dataset, method label), in the order the runs are given (the
-workflow gives config order): ``n_seeds`` and the mean and sample standard deviation (ddof=1,
+``table.csv`` has one row per (dataset, partition, method label), in the order the runs are given
+(the workflow gives config order); ``partition`` names the partition that made the clients' data
+(``natural``, ``iid``, ``dir(0.5)``, ...: :func:`mcfl.data.repartition.label`); then ``n_seeds`` and the mean and sample standard deviation (ddof=1,
 blank for one seed) over seeds of micro/macro accuracy and F1 in percent, as in FeSEM's Tables 2-3,
 plus ARI and NMI against the true clusters (fractions; blank where the data have no ground truth or
 the method does not cluster). ``table.md`` shows the same as ``mean ± std``.
@@ -29,7 +30,8 @@ def collect(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     finals, hists = [], []
     for d in run_dirs:
         m = json.loads((d / "metrics.json").read_text())
-        finals.append({"dataset": m["dataset"], "method": m["label"], "seed": m["seed"], **m["final"]})
+        finals.append({"dataset": m["dataset"], "partition": m.get("partition", "natural"),
+                       "method": m["label"], "seed": m["seed"], **m["final"]})
         h = pd.read_csv(d / "history.csv")
         h["dataset"], h["method"], h["seed"] = m["dataset"], m["label"], m["seed"]
         hists.append(h)
@@ -38,10 +40,10 @@ def collect(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def summary_table(finals: pd.DataFrame) -> pd.DataFrame:
     rows = []
-    order = list(dict.fromkeys(zip(finals["dataset"], finals["method"])))
-    for ds, method in order:
-        g = finals[(finals["dataset"] == ds) & (finals["method"] == method)]
-        row = {"dataset": ds, "method": method, "n_seeds": len(g)}
+    order = list(dict.fromkeys(zip(finals["dataset"], finals["partition"], finals["method"])))
+    for ds, part, method in order:
+        g = finals[(finals["dataset"] == ds) & (finals["partition"] == part) & (finals["method"] == method)]
+        row = {"dataset": ds, "partition": part, "method": method, "n_seeds": len(g)}
         for k in METRICS:
             v = g[k].astype(float) * 100
             row[f"{k}_mean"], row[f"{k}_std"] = v.mean(), v.std(ddof=1)
@@ -60,10 +62,10 @@ def to_markdown(t: pd.DataFrame) -> str:
             return ""
         return f"{mean:.{digits}f}" + ("" if pd.isna(std) else f" ± {std:.{digits}f}")
 
-    head = ["dataset", "method", "seeds", "micro acc", "micro F1", "macro acc", "macro F1", "ARI"]
+    head = ["dataset", "partition", "method", "seeds", "micro acc", "micro F1", "macro acc", "macro F1", "ARI"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in t.iterrows():
-        cells = [r["dataset"], r["method"], str(int(r["n_seeds"]))]
+        cells = [r["dataset"], r["partition"], r["method"], str(int(r["n_seeds"]))]
         cells += [pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in METRICS]
         cells += [pm(r["ari_mean"], r["ari_std"], 3)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -83,8 +85,8 @@ def convergence_figure(hist: pd.DataFrame, dataset: str, path: Path) -> None:
         g = h[h["method"] == method].groupby("round")["micro_acc"]
         mean, std = g.mean() * 100, g.std(ddof=1).fillna(0) * 100
         style = dict(ls="--", color="k") if method == "FedAvg" else {}
-        ax.plot(mean.index, mean.values, label=method, **style)
-        ax.fill_between(mean.index, mean - std, mean + std, alpha=0.15, color=style.get("color"))
+        (line,) = ax.plot(mean.index, mean.values, label=method, **style)
+        ax.fill_between(mean.index, mean - std, mean + std, alpha=0.15, color=line.get_color())
     ax.set_xlabel("round")
     ax.set_ylabel("micro accuracy (%)")
     ax.set_title(f"Convergence of FeSEM(K) on {dataset}")

@@ -1,0 +1,270 @@
+"""FeSEM's clustering figures (Long et al. 2022, §6.2), from a finished run's own output files.
+
+**Fig. 4, clustering analysis** (:func:`clusters_figure`). The paper plots "each device's local model
+as one point in the 2D space after PCA" for 400 random devices, with FeSEM(4). FeSEM keeps centres,
+not local models, so the local models are recomputed: the run's final state (``state.pt``: centres
+and assignments) is loaded and the algorithm's own ``round`` is called once more, for the sampled
+clients only, at round R+1. Every local model that round computes (FeSEM: local SGD from the
+client's centre with the distance term of Eq. 7) is recorded as the engine yields it, restricted to
+the coordinates the E-step compares (``distance``), and the round's result is thrown away. The local
+models are therefore exactly those the sampled clients would send in the next round; the engine's
+per-(seed, round, client) randomness makes them independent of which other clients are sampled.
+Points are coloured by the run's final cluster and, in a second panel, by the true cluster where the
+data have one (colours of true clusters matched to FeSEM's clusters by the Hungarian method, so equal
+colours mean matched clusters). PCA by default, t-SNE (after PCA to 50 dimensions) as an option, both
+scikit-learn; the centres are drawn as crosses in the PCA plot. When the sampled models would take more
+than ``max_bytes``, PCA runs on a seeded random subset of coordinates (squared distances scale by the
+fraction kept, in expectation). The 2-D points are written next to the PNG as CSV.
+
+**Fig. 5, case study** (:func:`cases_figure`). The paper shows a few writers of each FeSEM(2) cluster.
+Here a few random clients of each final cluster (``assignments.csv``), with a few random training
+samples each: images side by side with torchvision's ``make_grid``, one row per client, one panel per
+cluster; non-image data (feature vectors) as a heatmap, one block of rows per client.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from mcfl.engine import derive_seed
+from mcfl.io import atomic_path
+
+SAMPLE_CLIENTS, SAMPLE_ROWS = 9_000_004, 9_000_005
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    _plt().close(fig)
+
+
+# ------------------------------------------------------------------------------------------ Fig. 4
+def local_models(algo, state, clients: np.ndarray, rnd: int, sel: slice) -> dict[int, np.ndarray]:
+    """client -> the ``sel`` coordinates of the local model ``algo.round`` computes for it at ``rnd``."""
+    trainer, seen = algo.fed.trainer, {}
+    real_run = trainer.run
+
+    def recording(tasks, r):
+        for task, res in real_run(tasks, r):
+            seen[task.client] = res.weights[sel].cpu().numpy()
+            yield task, res
+
+    trainer.run = recording
+    try:
+        algo.round(state, clients, rnd)
+    finally:
+        del trainer.run                                     # back to the class's method
+    missing = sorted(set(int(c) for c in clients) - set(seen))
+    if missing:
+        raise ValueError(f"{algo.name}.round computed no local model for clients {missing[:5]}")
+    return seen
+
+
+def match_colours(assign: np.ndarray, truth: np.ndarray) -> dict[int, int]:
+    """true cluster -> colour index: the FeSEM cluster it overlaps most (Hungarian), else a fresh one."""
+    from scipy.optimize import linear_sum_assignment
+
+    ks, ts = np.unique(assign), np.unique(truth)
+    overlap = np.array([[np.sum((assign == k) & (truth == t)) for k in ks] for t in ts])
+    rows, cols = linear_sum_assignment(-overlap)
+    colour = {int(ts[r]): int(ks[c]) for r, c in zip(rows, cols)}
+    spare = iter(sorted(set(range(len(ks) + len(ts))) - set(colour.values())))
+    return {int(t): colour[int(t)] if int(t) in colour else next(spare) for t in ts}
+
+
+def project(feats: np.ndarray, extra: np.ndarray | None, method: str, seed: int):
+    """2-D coordinates of ``feats`` (and of ``extra`` with the same PCA), axis labels."""
+    from sklearn.decomposition import PCA
+
+    n = len(feats)
+    if method == "pca":
+        pca = PCA(n_components=min(2, n, feats.shape[1]), random_state=seed % 2**31).fit(feats)
+        xy = _pad2(pca.transform(feats))
+        ex = _pad2(pca.transform(extra)) if extra is not None else None
+        v = list(pca.explained_variance_ratio_) + [0.0]
+        return xy, ex, (f"PC1 ({100 * v[0]:.0f}% of variance)", f"PC2 ({100 * v[1]:.0f}%)")
+    if method == "tsne":
+        from sklearn.manifold import TSNE
+
+        if n < 4:
+            raise ValueError(f"t-SNE needs at least 4 clients, got {n}")
+        z = PCA(n_components=min(50, n, feats.shape[1]), random_state=seed % 2**31).fit_transform(feats)
+        xy = TSNE(n_components=2, perplexity=min(30.0, (n - 1) / 3), init="pca",
+                  random_state=seed % 2**31).fit_transform(z)
+        return xy, None, ("t-SNE 1", "t-SNE 2")
+    raise ValueError(f"projection must be 'pca' or 'tsne', got {method!r}")
+
+
+def _pad2(z: np.ndarray) -> np.ndarray:
+    return np.hstack([z, np.zeros((len(z), 2 - z.shape[1]))]) if z.shape[1] < 2 else z
+
+
+def clusters_figure(run: dict, store: str | Path, state_path: str | Path, out: str | Path, *,
+                    n_clients: int = 400, projection: str = "pca", seed: int = 0,
+                    device: str | torch.device = "cpu", max_bytes: int = 1 << 30) -> str:
+    """FeSEM Fig. 4 for one clustered run; writes ``out`` (PNG) and ``out`` with suffix .csv."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from mcfl import algorithms
+    from mcfl.data.store import load
+    from mcfl.federation import build_federation
+
+    cls = algorithms.get(run["method"])
+    if not cls.clustered:
+        raise ValueError(f"{run['label']} does not cluster clients; Fig. 4 needs a clustered run")
+    data = load(store)
+    fed = build_federation(data, run["model"], run["train"], run["seed"], device)
+    params = cls.Params(**run["params"])
+    algo = cls(fed, params)
+    saved = torch.load(state_path, map_location=fed.device, weights_only=True)
+    if not saved:
+        raise ValueError(f"{state_path}: holds no state (written for an unclustered run)")
+    state = algo.load_state(saved)
+    assign = np.asarray(algo.assignments(state))
+    m = fed.n_clients
+    rng = np.random.default_rng(derive_seed(seed, SAMPLE_CLIENTS))
+    clients = np.sort(rng.choice(m, size=min(int(n_clients), m), replace=False))
+    sel = fed.model.select(getattr(params, "distance", "all"))
+    models = local_models(algo, state, clients, int(run["train"]["rounds"]) + 1, sel)
+    feats = np.stack([models[int(c)] for c in clients])
+    centres = {int(assign[np.asarray(mem)[0]]): w[sel].cpu().numpy() for w, mem in algo.eval_models(state)
+               if len(mem)} if projection == "pca" else {}
+    width = feats.shape[1]
+    keep = max(2, int(max_bytes // (4 * len(clients))))
+    if width > keep:                                            # very large models: subsample coordinates
+        cols = np.sort(rng.choice(width, size=keep, replace=False))
+        feats, centres = feats[:, cols], {k: v[cols] for k, v in centres.items()}
+    ks = sorted(centres)
+    xy, cxy, axes = project(feats.astype(np.float64),
+                            np.stack([centres[k] for k in ks]).astype(np.float64) if ks else None,
+                            projection, seed)
+    truth = data.true_clusters
+    table = pd.DataFrame({"client": [data.client_ids[c] for c in clients], "x": xy[:, 0], "y": xy[:, 1],
+                          "cluster": assign[clients],
+                          "true_cluster": truth[clients] if truth is not None else -1})
+    with atomic_path(Path(out).with_suffix(".csv")) as tmp:
+        table.to_csv(tmp, index=False)
+
+    plt = _plt()
+    panels = 2 if truth is not None else 1
+    fig, axs = plt.subplots(1, panels, figsize=(4.6 * panels, 4.2), dpi=120, squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    ax = axs[0, 0]
+    for k in np.unique(assign[clients]):
+        on = assign[clients] == k
+        ax.scatter(xy[on, 0], xy[on, 1], s=14, color=cmap(int(k) % 10), label=f"cluster {k}", alpha=0.8)
+    if cxy is not None:
+        for k, (x, y) in zip(ks, cxy):
+            ax.scatter([x], [y], marker="X", s=110, color=cmap(k % 10), edgecolor="k", linewidth=1)
+    ax.set_title(f"coloured by {run['label']} cluster (x: centres)", fontsize=9)
+    summary = f"{len(clients)} of {m} clients, {projection}"
+    if truth is not None:
+        ari = adjusted_rand_score(truth, assign)
+        colour = match_colours(assign[clients], truth[clients])
+        ax = axs[0, 1]
+        for t in np.unique(truth[clients]):
+            on = truth[clients] == t
+            ax.scatter(xy[on, 0], xy[on, 1], s=14, color=cmap(colour[int(t)] % 10),
+                       label=f"true {t}", alpha=0.8)
+        ax.set_title(f"coloured by true cluster (ARI of all {m} clients: {ari:.2f})", fontsize=9)
+        summary += f", ARI {ari:.3f}"
+    for ax in axs[0]:
+        ax.set_xlabel(axes[0], fontsize=8)
+        ax.set_ylabel(axes[1], fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7, markerscale=0.8, loc="best")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{run['dataset']}: local models of {len(clients)} clients from {run['label']}, "
+                 f"seed {run['seed']}", fontsize=10)
+    fig.tight_layout()
+    _save(fig, out)
+    return summary
+
+
+# ------------------------------------------------------------------------------------------ Fig. 5
+def pick_cases(assignments: pd.DataFrame, clients_per_cluster: int, seed: int) -> dict[int, np.ndarray]:
+    """cluster -> sorted row indices of up to ``clients_per_cluster`` random clients in it."""
+    rng = np.random.default_rng(derive_seed(seed, SAMPLE_CLIENTS))
+    cl = assignments["cluster"]
+    if cl.isna().all():
+        raise ValueError("assignments have no clusters (not a clustered run)")
+    out = {}
+    for k in sorted(int(k) for k in cl.dropna().unique()):
+        members = np.flatnonzero(cl.to_numpy() == k)
+        out[k] = np.sort(rng.choice(members, size=min(clients_per_cluster, len(members)), replace=False))
+    return out
+
+
+def cases_figure(store: str | Path, assignments: str | Path, out: str | Path, *,
+                 clients_per_cluster: int = 3, samples: int = 8, seed: int = 0, title: str = "") -> str:
+    """FeSEM Fig. 5: a few training samples of a few clients of each cluster, side by side."""
+    from mcfl.data.store import load
+
+    data = load(store)
+    a = pd.read_csv(assignments, dtype={"client": str})
+    if a["client"].tolist() != list(data.client_ids):
+        raise ValueError(f"{assignments}: its clients are not those of {store} (wrong store?)")
+    cases = pick_cases(a, clients_per_cluster, seed)
+    rng = np.random.default_rng(derive_seed(seed, SAMPLE_ROWS))
+    image = len(data.x_shape) == 3
+    plt = _plt()
+    K = len(cases)
+    cell = 0.42 if image else 0.0
+    fig, axs = plt.subplots(1, K, dpi=120, squeeze=False,
+                            figsize=(max(3.2, samples * cell + 1.4) * K if image else 4.2 * K,
+                                     1.0 + clients_per_cluster * (0.5 if image else 0.9)))
+    for ax, (k, rows) in zip(axs[0], cases.items()):
+        blocks, names = [], []
+        for i in rows:
+            x, _ = data.train(int(i))
+            pick = np.sort(rng.choice(len(x), size=min(samples, len(x)), replace=False))
+            blocks.append(x[pick])
+            t = a["true_cluster"].iloc[i]
+            names.append(f"{a['client'].iloc[i]}" + ("" if pd.isna(t) or t < 0 else f" (true {int(t)})"))
+        ax.set_yticks(_image_panel(ax, blocks, samples) if image else _vector_panel(ax, blocks))
+        ax.set_yticklabels(names, fontsize=7)
+        ax.set_xticks([])
+        ax.set_title(f"cluster {k}: {int((a['cluster'] == k).sum())} clients", fontsize=9)
+    fig.suptitle(title or "samples of clients in each cluster", fontsize=10)
+    fig.tight_layout()
+    _save(fig, out)
+    return "; ".join(f"cluster {k}: " + ", ".join(a["client"].iloc[r]) for k, r in cases.items())
+
+
+def _image_panel(ax, blocks: list[np.ndarray], samples: int, pad: int = 2) -> list[float]:
+    """One row of images per client; returns the rows' vertical centres (pixels)."""
+    from torchvision.utils import make_grid
+
+    c, h, w = blocks[0].shape[1:]
+    tiles = []
+    for b in blocks:                                   # one row per client, blank tiles pad short rows
+        blank = np.ones((samples - len(b), c, h, w), dtype=np.float32)
+        tiles.append(np.concatenate([np.clip(b, 0, 1), blank]))
+    grid = make_grid(torch.from_numpy(np.concatenate(tiles)), nrow=samples, padding=pad, pad_value=1.0)
+    ax.imshow(grid.permute(1, 2, 0).numpy(), interpolation="nearest")
+    return [pad + i * (h + pad) + h / 2 for i in range(len(blocks))]
+
+
+def _vector_panel(ax, blocks: list[np.ndarray]) -> list[float]:
+    """A heatmap, one block of rows (samples) per client; returns the blocks' vertical centres."""
+    x = np.concatenate(blocks)
+    lim = float(np.quantile(np.abs(x), 0.99)) or 1.0
+    ax.imshow(x, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+    for edge in np.cumsum([len(b) for b in blocks])[:-1]:
+        ax.axhline(edge - 0.5, color="k", linewidth=1)
+    ax.set_xlabel("feature", fontsize=8)
+    sizes = np.array([len(b) for b in blocks])
+    return list(np.cumsum(sizes) - sizes / 2 - 0.5)

@@ -1,0 +1,29 @@
+# Re-partition a prepared store into new clients (FeSEM §6.1: (a) IID, (b) Dir(0.5); `mcfl partition`).
+# Only datasets whose `partition` block changes the store get this stage: `natural` clients with their
+# own train/test split train on the prepared store directly (see `store()` in common.smk).
+import shlex
+
+from mcfl.data.repartition import resolve as resolve_partition
+
+
+def partition_of(dataset):
+    return resolve_partition(config["datasets"][dataset].get("partition"))
+
+
+def partition_args(dataset):
+    return " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v))}"
+                    for k, v in partition_of(dataset).items() if v is not None)
+
+
+rule partition:
+    input:
+        lambda w: raw_store(w.dataset),
+    output:
+        directory(DATA + "/partitioned/{dataset}"),
+    log:
+        "logs/partition/{dataset}.log",
+    params:
+        partition=lambda w: canonical_json(partition_of(w.dataset)),
+        args=lambda w: partition_args(w.dataset),
+    shell:
+        "mcfl partition {input} --out {output} {params.args} > {log} 2>&1"
