@@ -6,6 +6,7 @@
     mcfl init-centres --run JSON --store DIR --out FILE
     mcfl train --run JSON --store DIR --out DIR [--centres FILE] [--checkpoint FILE]
     mcfl report --out results RUN_DIR [RUN_DIR ...]
+    mcfl fedgsp {cpd,table,heatmap,kappa} ...     # FedGSP's tables and figures
 """
 
 from __future__ import annotations
@@ -129,6 +130,12 @@ def _cmd_report(a) -> int:
     return 0
 
 
+def _cmd_fedgsp(a) -> int:
+    from mcfl.report.fedgsp import main
+
+    return main(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mcfl", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -153,11 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="aggregate run directories into tables and figures")
     p.add_argument("--out", required=True, help="output directory (table.csv, table.md, figures/)")
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.json, history.csv)")
+    from mcfl.report.fedgsp import add_parser as add_fedgsp_parser
+
+    add_fedgsp_parser(sub)
     return ap
 
 
 COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
-            "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report}
+            "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
+            "fedgsp": _cmd_fedgsp}
 
 
 def main(argv: list[str] | None = None) -> int:
