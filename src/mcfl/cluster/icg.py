@@ -29,6 +29,7 @@ groups. ``rounding="exact"`` makes exactly M = min(f(r), K) groups instead, from
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,26 +62,31 @@ def balanced_assignment(cost: np.ndarray) -> np.ndarray:
     K, L = cost.shape
     if not 1 <= L <= K:
         raise ValueError(f"need 1 <= L <= K clusters, got L={L} for K={K} points")
-    lo, extra = divmod(K, L)
     top = float(cost.max()) if cost.size else 0.0
     scale = COST_SCALE / top if top > 0 else 0.0
-    icost = np.rint(cost * scale).astype(np.int64)
+    tails, heads, caps, nodes, supplies = _network(K, L)
+    costs = np.concatenate([np.rint(cost * scale).astype(np.int64).ravel(), np.zeros(L, np.int64)])
     flow = min_cost_flow.SimpleMinCostFlow()
-    client = np.repeat(np.arange(K, dtype=np.int32), L)
-    cluster = K + np.tile(np.arange(L, dtype=np.int32), K)
-    sink = K + L                                        # takes the K mod L clients above floor(K/L)
-    tails = np.concatenate([client, np.arange(K, K + L, dtype=np.int32)])
-    heads = np.concatenate([cluster, np.full(L, sink, dtype=np.int32)])
-    caps = np.concatenate([np.ones(K * L, dtype=np.int64), np.full(L, 1 if extra else 0, np.int64)])
-    costs = np.concatenate([icost.ravel(), np.zeros(L, dtype=np.int64)])
     flow.add_arcs_with_capacity_and_unit_cost(tails, heads, caps, costs)
-    supplies = np.concatenate([np.ones(K, np.int64), np.full(L, -lo, np.int64), [-extra]])
-    flow.set_nodes_supplies(np.arange(K + L + 1, dtype=np.int32), supplies)
+    flow.set_nodes_supplies(nodes, supplies)
     status = flow.solve()
     if status != flow.OPTIMAL:
         raise RuntimeError(f"min-cost flow failed with status {status}")
-    used = flow.flows(np.arange(K * L, dtype=np.int32)).reshape(K, L)
-    return used.argmax(1)
+    return flow.flows(np.arange(K * L, dtype=np.int32)).reshape(K, L).argmax(1)
+
+
+@functools.lru_cache(maxsize=8)
+def _network(K: int, L: int):
+    """Arcs (client k -> cluster l, capacity 1; cluster l -> overflow node, capacity 1 if L does
+    not divide K) and supplies (clients +1, clusters -floor(K/L), overflow -(K mod L))."""
+    lo, extra = divmod(K, L)
+    tails = np.concatenate([np.repeat(np.arange(K, dtype=np.int32), L), np.arange(K, K + L, dtype=np.int32)])
+    heads = np.concatenate([K + np.tile(np.arange(L, dtype=np.int32), K), np.full(L, K + L, np.int32)])
+    caps = np.concatenate([np.ones(K * L, np.int64), np.full(L, 1 if extra else 0, np.int64)])
+    supplies = np.concatenate([np.ones(K, np.int64), np.full(L, -lo, np.int64), [-extra]])
+    for a in (tails, heads, caps, supplies):
+        a.flags.writeable = False
+    return tails, heads, caps, np.arange(K + L + 1, dtype=np.int32), supplies
 
 
 def half_sq_distances(V: np.ndarray, C: np.ndarray) -> np.ndarray:

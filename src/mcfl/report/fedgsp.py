@@ -298,6 +298,7 @@ def write_kappa(run_dirs: list[Path], train: list[dict], store, out: Path,
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4), dpi=120)
     axes[0].errorbar(df["kappa"], df["accuracy_mean"] * 100, yerr=df["accuracy_std"].fillna(0) * 100, marker="o")
     axes[0].set_ylabel("final test accuracy (%)")
+    axes[0].set_ylim(0, 100)
     axes[1].plot(df["kappa"], df["t_comp_s_norm"], marker="o")
     axes[1].set_ylabel("normalised T_comp (Eq. 15)")
     axes[2].plot(df["kappa"], df["t_comm_s_norm"], marker="o")
@@ -305,7 +306,8 @@ def write_kappa(run_dirs: list[Path], train: list[dict], store, out: Path,
     for ax in axes:
         ax.set_xlabel("kappa")
         ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)
+    for ax in axes[1:]:
+        ax.set_ylim(0, 1.05)
     fig.suptitle("Effect of the group sampling rate kappa (Fig. 5)", fontsize=9)
     fig.tight_layout()
     _save(fig, out / "kappa.png")
