@@ -148,7 +148,7 @@ class FedGSP(Algorithm):
     def init(self) -> State:
         if self.p.regroup:
             m = self.fed.n_clients
-            group = rank = np.full(m, -1, dtype=np.int64)
+            group, rank = np.full(m, -1, dtype=np.int64), np.full(m, -1, dtype=np.int64)
         else:   # the ablations: one grouping and order for the whole run, from round-0 randomness
             clients = np.arange(self.fed.n_clients)
             group, rank = self.make_groups(clients, growth(1, self.p.growth, self.p.alpha, self.p.beta),

@@ -261,7 +261,8 @@ def write_heatmap(run_dirs: list[Path], out: Path) -> pd.DataFrame:
     _csv(df.round(6), out / "heatmap.csv")
     plt = _plt()
     growths = list(dict.fromkeys(df["growth"]))
-    fig, axes = plt.subplots(1, len(growths), figsize=(4.2 * len(growths), 3.6), dpi=120, squeeze=False)
+    fig, axes = plt.subplots(1, len(growths), figsize=(4.2 * len(growths), 3.6), dpi=120, squeeze=False,
+                             layout="constrained")
     vmin, vmax = df["loss"].min(), df["loss"].max()
     for ax, gr in zip(axes[0], growths):
         piv = df[df["growth"] == gr].pivot(index="alpha", columns="beta", values="loss")
