@@ -21,6 +21,7 @@ include: "workflow/rules/init.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/fedgsp.smk"
 
 
 rule all:

@@ -10,6 +10,7 @@
     mcfl download femnist --out data/raw/femnist  # LEAF raw files (see mcfl.data.leaf.cli)
     mcfl import-leaf DIR --out STORE / mcfl export-leaf STORE --out DIR
     mcfl figure clusters|cases ...                # FeSEM Figs. 4 and 5 (see `mcfl figure -h`)
+    mcfl fedgsp {cpd,table,heatmap,kappa} ...     # FedGSP's tables and figures
 """
 
 from __future__ import annotations
@@ -221,6 +222,12 @@ def _federation_device(device: str, threads: int):
     return dev
 
 
+def _cmd_fedgsp(a) -> int:
+    from mcfl.report.fedgsp import main
+
+    return main(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mcfl", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -248,12 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.json, history.csv)")
     leaf_cli.add_parsers(sub)                       # download, import-leaf, export-leaf
     _add_figure_parser(sub)
+    from mcfl.report.fedgsp import add_parser as add_fedgsp_parser
+
+    add_fedgsp_parser(sub)
     return ap
 
 
 COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
             "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
-            "partition": _cmd_partition, "figure": _cmd_figure, **leaf_cli.COMMANDS}
+            "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
+            **leaf_cli.COMMANDS}
 
 
 def _terminate(signum, frame):

@@ -130,7 +130,7 @@ def method_params(entry: dict, where: str, K: int | None = None):
 
     cls = algorithms.get(entry["method"])
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
-    kw = {k: v for k, v in entry.items() if k not in ("method", "name", "train", "K")}
+    kw = {k: v for k, v in entry.items() if k not in ("method", "name", "train", "K", "datasets")}
     if K is not None:
         if not cls.clustered:
             raise ConfigError(f"{where}.K: {cls.name} does not take K (it is not a clustered method)")
@@ -185,11 +185,17 @@ def _validate(cfg: dict, source: str) -> dict:
         _check_kwargs(f"datasets.{name}.model", models.MODELS[ds["model"]["name"]],
                       ds["model"], skip=("name",))
     for i, entry in enumerate(cfg["methods"]):
+        unknown = [d for d in entry.get("datasets", []) if d not in cfg["datasets"]]
+        if unknown:
+            raise ConfigError(f"{source}: methods[{i}].datasets: unknown dataset {unknown[0]!r}; "
+                              f"known: {', '.join(cfg['datasets'])}")
         Ks = entry.get("K")
         for K in (Ks if isinstance(Ks, list) else [Ks]):
             params = method_params(entry, f"methods[{i}]", K)
             k = getattr(params, "K", None)
             for name, ds in cfg["datasets"].items():
+                if name not in entry.get("datasets", [name]):
+                    continue
                 n = n_clients(ds)
                 if k is not None and isinstance(n, int) and k > n:
                     raise ConfigError(f"{source}: methods[{i}].K: K={k} is larger than the number "
@@ -212,6 +218,10 @@ def _validate(cfg: dict, source: str) -> dict:
             raise ConfigError(f"{source}: methods: two entries both make run {r['run_id']!r}; give "
                               f"one of them a distinct `name`")
         seen[key] = 1
+    if "fedgsp" in cfg:
+        from mcfl.fedgsp_config import check_fedgsp
+
+        check_fedgsp(cfg, source)
     return cfg
 
 
@@ -259,6 +269,8 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
     runs = []
     for dname, ds in cfg["datasets"].items():
         for i, entry in enumerate(cfg["methods"]):
+            if dname not in entry.get("datasets", [dname]):
+                continue
             cls = algorithms.get(entry["method"])
             Ks = entry.get("K")
             for K in (Ks if isinstance(Ks, list) else [Ks]):

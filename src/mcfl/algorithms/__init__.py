@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from mcfl.algorithms.base import Algorithm
 from mcfl.algorithms.fedavg import FedAvg
+from mcfl.algorithms.fedgsp import FedGSP, NaiveGSP, NaiveGSPICG
+from mcfl.algorithms.fedopt import FedAdagrad, FedAdam, FedYogi
 from mcfl.algorithms.fesem import FeSEM
+from mcfl.algorithms.ida import IDA
 from mcfl.algorithms.nofed import NoFed
 
 ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, NoFed, FeSEM)}
+ALGORITHMS.update({a.name: a for a in (FedGSP, NaiveGSP, NaiveGSPICG, FedAdagrad, FedAdam, FedYogi, IDA)})
 
 
 def get(name: str) -> type[Algorithm]:
