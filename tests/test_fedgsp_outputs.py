@@ -49,7 +49,7 @@ def test_method_entries_can_be_restricted_to_datasets():
     (lambda c: c["fedgsp"].pop("target"), r"fedgsp: 'target' is a required property"),
     (lambda c: c["fedgsp"].update(heatmap={"cubic": {"alpha": [1], "beta": [1]}}), r"fedgsp\.heatmap"),
     (lambda c: c["fedgsp"].update(kappa=[0]), r"fedgsp\.kappa\[0\]"),
-    (lambda c: c["methods"][1].update(kappa=1.5), r"methods\[1\]: kappa must be in \(0, 1\]"),
+    (lambda c: c["methods"][1].update(kappa=1.5), r"methods\[1\]\.kappa: kappa must be in \(0, 1\]"),
 ])
 def test_bad_fedgsp_settings_name_the_key(mutate, message):
     c = cfg()

@@ -158,7 +158,7 @@ class FedGSP(Algorithm):
     # -- one round ------------------------------------------------------------------------------
     def round(self, state: State, clients: np.ndarray, rnd: int):
         p, fed = self.p, self.fed
-        clients = np.asarray(clients, dtype=np.int64)
+        clients = np.sort(np.asarray(clients, dtype=np.int64))      # canonical: order-independent
         if p.regroup:                                                               # Alg. 1, line 5
             group, rank = self.make_groups(clients, growth(rnd, p.growth, p.alpha, p.beta),
                                            fed.rng(rnd, GROUPING))

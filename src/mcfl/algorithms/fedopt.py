@@ -91,7 +91,8 @@ class FedOpt(Algorithm):
         P = self.fed.model.n_params
         acc = WeightedSum(1, state.w.numel(), state.w.device)
         losses = []
-        for task, res in self.fed.trainer.run((Task(int(c), state.w) for c in clients), rnd):
+        # summed in canonical order: Yogi's sign(Δ² - v) would turn float rounding into real changes
+        for task, res in self.fed.trainer.run((Task(int(c), state.w) for c in np.sort(clients)), rnd):
             acc.add(0, res.weights, res.n_samples if self.p.weighted else 1.0)
             losses.append(res.loss)
         mean = acc.mean(0)
