@@ -93,13 +93,12 @@ def _federation_for(run: dict, store: str, device: str, threads: int, inputs=Non
 
 def _cmd_init_centres(a) -> int:
     from mcfl import algorithms
-    from mcfl.cluster.init import init_centres, save_centres
+    from mcfl.cluster.init import centre_options, init_centres, save_centres
 
     run = json.loads(a.run)
     params = algorithms.get(run["method"]).Params(**run["params"])
     fed = _federation_for(run, a.store, a.device, a.threads)
-    c = init_centres(fed, params.K, restarts=params.restarts, distance=params.distance,
-                     weighted=params.mstep == "weighted", method=params.init)
+    c = init_centres(fed, params.K, **centre_options(params))
     save_centres(c, a.out)
     sizes = [int((c.assign == k).sum()) for k in range(params.K)]
     print(f"{a.out}: K={params.K}, cluster sizes {sizes}, intra-cluster distance {c.inertia:.4g}")
