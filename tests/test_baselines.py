@@ -176,8 +176,8 @@ def test_hypocluster_clients_pick_the_hypothesis_with_the_lowest_training_loss(s
     """Hand-made hypotheses: h_0 fits group 0's labels, h_1 group 1's (its rows rolled by one class)."""
     fed = fed_for(swapped_store)
     data = load(swapped_store)
-    x, y = data.train(0)
-    w_lin = torch.linalg.lstsq(torch.from_numpy(x), nn.functional.one_hot(torch.from_numpy(y), 4).float() * 10).solution
+    x, y = (torch.tensor(a) for a in data.train(0))
+    w_lin = torch.linalg.lstsq(x, nn.functional.one_hot(y, 4).float() * 10).solution
     h0 = torch.cat([w_lin.T.reshape(-1), torch.zeros(4)])
     h1 = torch.cat([w_lin.T.roll(1, 0).reshape(-1), torch.zeros(4)])    # class c scores as c - 1 did
     algo = HypoCluster(fed, HypoParams(K=2))
