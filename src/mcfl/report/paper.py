@@ -65,37 +65,43 @@ def comparison(ours: pd.DataFrame, sources: dict[str, str] | None = None) -> pd.
     return pd.DataFrame(rows).reindex(columns=cols)
 
 
-def to_markdown(cmp: pd.DataFrame) -> str:
-    def num(v, std=np.nan, sign=False):
-        if pd.isna(v):
-            return ""
-        s = f"{v:+.1f}" if sign else f"{v:.1f}"
-        return s + ("" if pd.isna(std) else f" ± {std:.1f}")
+def _num(v, std=np.nan, sign=False) -> str:
+    if pd.isna(v):
+        return ""
+    s = f"{v:+.1f}" if sign else f"{v:.1f}"
+    return s + ("" if pd.isna(std) else f" ± {std:.1f}")
 
+
+def _row(method: str, paper: str, r: pd.DataFrame) -> str:
+    """One markdown row: method, paper (and its own row name), then paper / ours / delta per metric."""
+    label = r["paper_label"].iloc[0]
+    cells = [method, paper if label == method else f"{paper} ({label})"]
+    for m in METRICS:
+        x = r[r["metric"] == m]
+        if x.empty:
+            cells += ["", "", ""]
+            continue
+        x = x.iloc[0]
+        paper_value = _num(x["paper_value"], x["paper_std"])
+        if x["status"] == "ok":
+            cells += [paper_value, _num(x["ours_mean"], x["ours_std"]), _num(x["delta"], sign=True)]
+        else:
+            cells += [paper_value, x["status"], ""]
+    return "| " + " | ".join(cells) + " |"
+
+
+def to_markdown(cmp: pd.DataFrame) -> str:
     out = ["# Our results beside FeSEM's published tables", "",
            "Percent; delta = ours - paper (percentage points). Paper 000 = journal version "
            "(Tables 2-3, mean ± std), 004 = conference version (Table 2). `not run`: we ran no dataset "
            "from that source.", ""]
-    for (pds, dset), g in cmp.groupby(["paper_dataset", "dataset"], sort=False, dropna=False):
-        where = f"ours: `{dset}`" if dset else "not run"
-        out += [f"## {pds} ({where})", ""]
-        head = ["method", "paper"] + [f"{TITLES[m]} {c}" for m in METRICS for c in ("paper", "ours", "Δ")]
-        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for (method, paper), r in g.groupby(["method", "paper"], sort=False):
-            cells = [method, f"{paper} ({r['paper_label'].iloc[0]})" if r["paper_label"].iloc[0] != method
-                     else paper]
-            for m in METRICS:
-                x = r[r["metric"] == m]
-                if x.empty:
-                    cells += ["", "", ""]
-                    continue
-                x = x.iloc[0]
-                if x["status"] == "ok":
-                    cells += [num(x["paper_value"], x["paper_std"]), num(x["ours_mean"], x["ours_std"]),
-                              num(x["delta"], sign=True)]
-                else:
-                    cells += [num(x["paper_value"], x["paper_std"]), x["status"], ""]
-            out.append("| " + " | ".join(cells) + " |")
+    head = ["method", "paper"] + [f"{TITLES[m]} {c}" for m in METRICS for c in ("paper", "ours", "Δ")]
+    for (pds, dset), g in cmp.groupby(["paper_dataset", "dataset"], sort=False):
+        out += [f"## {pds} ({f'ours: `{dset}`' if dset else 'not run'})", "",
+                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for method in dict.fromkeys(g["method"]):              # the paper's row order
+            for paper in sorted(set(g.loc[g["method"] == method, "paper"])):
+                out.append(_row(method, paper, g[(g["method"] == method) & (g["paper"] == paper)]))
         out.append("")
     return "\n".join(out)
 
