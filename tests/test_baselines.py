@@ -254,3 +254,19 @@ def test_fesem_ma_equals_fesem_on_a_model_without_hidden_layers(swapped_store):
     b = run_rounds(FeSEMMA(fb, MAParams(K=2, restarts=2)), fb, 3)
     assert torch.equal(a.assign, b.assign)
     assert torch.allclose(a.centres, b.centres, atol=1e-6)
+
+
+def test_cfl_places_unsampled_members_of_a_split_cluster_by_loss(swapped_store):
+    """With 8 of 12 clients per round, members missing from the splitting round join the child
+    whose model fits their data better (our extension of CFL to client sampling)."""
+    fed = fed_for(swapped_store, rounds=30, clients_per_round=8)
+    algo = FedCluster(fed, CFLParams(eps1=0.1, eps2=0.3, start_round=1))
+    state = algo.init()
+    for r in range(1, 31):
+        state, diag = algo.round(state, fed.clients(r), r)
+        if diag["splits"]:
+            absent = set(range(12)) - set(fed.clients(r).tolist())
+            assert absent                                          # someone was not sampled
+            break
+    assert len(state.models) == 2
+    assert clustering_scores(algo.assignments(state), fed.data.true_clusters)["ari"] == 1.0
