@@ -22,6 +22,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/fedgsp.smk"
+include: "workflow/rules/select_k.smk"
 
 
 rule all:

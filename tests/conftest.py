@@ -47,3 +47,36 @@ def make_run(dataset="digits", method="FedAvg", params=None, seed=0, model=None,
             "run_id": label.replace("(", "-K").rstrip(")"), "seed": seed, "params": params,
             "model": model or {"name": "digits_cnn" if dataset == "digits" else "logreg"},
             "train": t, "data": {}, "experiment": "test", "needs_centres": False}
+
+
+def make_concept_store(out, groups=2, clients_per_group=6, n_train=60, n_test=20, dim=10, classes=4,
+                       seed=0):
+    """Gaussian features labelled by one random linear teacher, with the labels permuted per group:
+    group g's clients see label (y + g) mod classes (a concept shift), so group models differ
+    sharply; ``groups=1`` gives IID clients. The true cluster of a client is its group."""
+    import numpy as np
+
+    from mcfl.data import write_store
+    from mcfl.data.store import ClientData
+
+    rng = np.random.default_rng(seed)
+    teacher = rng.normal(size=(dim, classes))
+    clients = []
+    for g in range(groups):
+        for j in range(clients_per_group):
+            x = rng.normal(size=(n_train + n_test, dim)).astype(np.float32)
+            y = ((x @ teacher).argmax(1) + g) % classes
+            clients.append(ClientData(f"g{g}c{j}", x[:n_train], y[:n_train], x[n_train:], y[n_train:], g))
+    return write_store(out, clients, n_classes=classes, source="concept-test", params={"seed": seed})
+
+
+@pytest.fixture(scope="session")
+def swapped_store(tmp_path_factory):
+    """Two groups of 6 clients whose labels are shifted against each other (see make_concept_store)."""
+    return make_concept_store(tmp_path_factory.mktemp("data") / "swapped", groups=2)
+
+
+@pytest.fixture(scope="session")
+def iid_store(tmp_path_factory):
+    """12 IID clients from the same teacher."""
+    return make_concept_store(tmp_path_factory.mktemp("data") / "iid", groups=1, clients_per_group=12)

@@ -6,11 +6,19 @@ import pytest
 import yaml
 
 from mcfl.config import ConfigError, expand_runs, load_config, validate
+from mcfl.report.paper import paper_tables
 from conftest import ROOT
 
 
-def base():
+def default_config():
     return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+def base():
+    """The default config's datasets with three fixed method entries (the cases below index them)."""
+    cfg = default_config()
+    cfg["methods"] = [{"method": "FedAvg"}, {"method": "NoFed"}, {"method": "FeSEM", "K": [2, 3, 4]}]
+    return cfg
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -34,13 +42,14 @@ def test_bad_configs_name_the_key(mutate, message):
 
 
 def test_defaults_are_filled_and_runs_expanded():
-    cfg = validate(base())
+    cfg = validate(default_config())
     assert cfg["datasets"]["digits"]["train"]["batch_size"] == 10
     assert cfg["datasets"]["digits"]["train"]["clients_per_round"] is None
     runs = [r for r in expand_runs(cfg) if r["dataset"] in ("digits", "synthetic")]
-    labels = sorted({r["label"] for r in runs})
-    assert labels == ["FeSEM(2)", "FeSEM(3)", "FeSEM(4)", "FedAvg", "NoFed"]
-    assert len(runs) == 2 * 5 * len(cfg["seeds"])
+    labels = list(dict.fromkeys(r["label"] for r in runs))
+    table2 = list(dict.fromkeys(paper_tables().query("paper == '000'")["method"]))
+    assert labels == table2                                   # FeSEM's Table 2 rows, in its order
+    assert len(runs) == 2 * len(table2) * len(cfg["seeds"])
     fesem4 = next(r for r in runs if r["label"] == "FeSEM(4)")
     assert fesem4["params"]["K"] == 4 and fesem4["params"]["restarts"] == 20
     assert fesem4["needs_centres"]

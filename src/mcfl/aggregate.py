@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
 import torch
 
 
@@ -40,3 +41,76 @@ def weighted_mean(models: Iterable[tuple[torch.Tensor, float]]) -> torch.Tensor:
 def sq_distances(w: torch.Tensor, centres: torch.Tensor, sel: slice) -> torch.Tensor:
     """||w[sel] - c_k[sel]||^2 for every centre k (FeSEM's Dist, Eq. 8)."""
     return ((centres[:, sel] - w[sel]) ** 2).sum(1)
+
+
+# ------------------------------------------------------------------ robust and clustered aggregation
+def trimmed_mean(x: torch.Tensor, beta: float) -> torch.Tensor:
+    """Coordinate-wise beta-trimmed mean of the rows of ``x`` (n, d) (Yin et al. 2018; Ghosh et al.
+    2019): per coordinate, drop the floor(beta·n) smallest and the floor(beta·n) largest values and
+    average the rest. ``beta = 0`` is the mean; ``beta = 0.5`` (or any beta that would drop every
+    value) is the coordinate-wise median (the mean of the two middle values when n is even).
+    Equals ``scipy.stats.trim_mean(x, beta, axis=0)`` for beta < 0.5."""
+    if not 0.0 <= beta <= 0.5:
+        raise ValueError(f"trim fraction must be in [0, 0.5], got {beta}")
+    n = x.shape[0]
+    if n == 0:
+        raise ValueError("trimmed_mean of no rows")
+    g = int(beta * n)
+    if 2 * g >= n:                       # the median
+        g = (n - 1) // 2
+    if g == 0:
+        return x.mean(0)
+    return torch.sort(x, dim=0).values[g:n - g].mean(0)
+
+
+def trimmed_kmeans(x: torch.Tensor, centres: torch.Tensor, beta: float, iters: int = 1,
+                   sel: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trimmed K-means (TKM, Ghosh et al. 2019, "Robust Federated Learning in a Heterogeneous
+    Environment", arXiv:1906.06629): Lloyd's algorithm whose centre step is the coordinate-wise
+    beta-trimmed mean of the members instead of their mean. Starts from ``centres`` (K, d), runs
+    ``iters`` assign/estimate passes (fewer if the assignment stops changing). Distances are squared
+    L2 over the coordinates ``sel`` (default all). A centre without members keeps its value.
+    Returns (labels (n,), centres (K, d))."""
+    sel = sel or slice(None)
+    centres = centres.clone()
+    labels = None
+    for _ in range(max(1, iters)):
+        new = torch.cdist(x[:, sel], centres[:, sel]).argmin(1)
+        if labels is not None and torch.equal(new, labels):
+            break
+        labels = new
+        for k in range(centres.shape[0]):
+            members = labels == k
+            if members.any():
+                centres[k] = trimmed_mean(x[members], beta)
+    return labels, centres
+
+
+def cosine_similarities(x: torch.Tensor) -> torch.Tensor:
+    """Pairwise cosine similarity of the rows of ``x`` (n, d): alpha_ij = <x_i, x_j>/(|x_i||x_j|)
+    (Sattler et al. 2019, the similarity CFL splits by); a zero row has similarity 0 to the others (1 to itself)."""
+    norms = x.norm(dim=1, keepdim=True)
+    u = x / norms.clamp_min(1e-12)
+    s = u @ u.T
+    s.fill_diagonal_(1.0)
+    return s.clamp(-1.0, 1.0)
+
+
+def bipartition(similarity: np.ndarray, linkage: str = "single") -> np.ndarray:
+    """Split n >= 2 items in two by their pairwise similarities; returns 0/1 labels.
+
+    ``single`` linkage on the distance 1 - alpha merges the most similar pairs first until two groups
+    remain: Sattler et al.'s Algorithm 2 ("optimal bipartition"), which minimises the largest
+    cross-group similarity max_{i in c1, j in c2} alpha_ij. ``complete`` is what their public code
+    (and FL-bench) runs instead. Uses scikit-learn's AgglomerativeClustering(metric="precomputed").
+    """
+    from sklearn.cluster import AgglomerativeClustering
+
+    s = np.asarray(similarity, dtype=np.float64)
+    if s.ndim != 2 or s.shape[0] != s.shape[1] or s.shape[0] < 2:
+        raise ValueError(f"bipartition needs a square similarity matrix of >= 2 items, got {s.shape}")
+    d = np.clip(1.0 - s, 0.0, None)
+    np.fill_diagonal(d, 0.0)
+    d = (d + d.T) / 2
+    labels = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage=linkage).fit_predict(d)
+    return labels.astype(np.int64)

@@ -5,8 +5,9 @@
     mcfl check-config config/config.yaml          # validate; list the runs it makes
     mcfl methods                                  # algorithms and their hyperparameters
     mcfl init-centres --run JSON --store DIR --out FILE
-    mcfl train --run JSON --store DIR --out DIR [--centres FILE] [--checkpoint FILE]
-    mcfl report --out results RUN_DIR [RUN_DIR ...]
+    mcfl train --run JSON --store DIR --out DIR [--centres FILE] [--checkpoint FILE] [--k-from FILE]
+    mcfl select-k --run JSON --store DIR --out FILE  # K selection (FeSEM §5.2) for a `K: auto` run
+    mcfl report --out results RUN_DIR [RUN_DIR ...] [--sources femnist=femnist ...]
     mcfl download femnist --out data/raw/femnist  # LEAF raw files (see mcfl.data.leaf.cli)
     mcfl import-leaf DIR --out STORE / mcfl export-leaf STORE --out DIR
     mcfl figure clusters|cases ...                # FeSEM Figs. 4 and 5 (see `mcfl figure -h`)
@@ -138,13 +139,12 @@ def _federation_for(run: dict, store: str, device: str, threads: int, inputs=Non
 
 def _cmd_init_centres(a) -> int:
     from mcfl import algorithms
-    from mcfl.cluster.init import init_centres, save_centres
+    from mcfl.cluster.init import centre_options, init_centres, save_centres
 
-    run = json.loads(a.run)
+    run = _resolve_k(json.loads(a.run), a.k_from)
     params = algorithms.get(run["method"]).Params(**run["params"])
     fed = _federation_for(run, a.store, a.device, a.threads)
-    c = init_centres(fed, params.K, restarts=params.restarts, distance=params.distance,
-                     weighted=params.mstep == "weighted", method=params.init)
+    c = init_centres(fed, params.K, **centre_options(params))
     save_centres(c, a.out)
     sizes = [int((c.assign == k).sum()) for k in range(params.K)]
     print(f"{a.out}: K={params.K}, cluster sizes {sizes}, intra-cluster distance {c.inertia:.4g}")
@@ -155,7 +155,7 @@ def _cmd_train(a) -> int:
     from mcfl.runner import train
     from mcfl.track import make_tracker
 
-    run = json.loads(a.run)
+    run = _resolve_k(json.loads(a.run), a.k_from)
     tracker = make_tracker(a.tracking, run.get("experiment", "mcfl"))
     inputs = {"centres": a.centres} if a.centres else None
     res = train(run, a.store, a.out, inputs=inputs, tracker=tracker, device=a.device,
@@ -167,10 +167,44 @@ def _cmd_train(a) -> int:
     return 0
 
 
+def _resolve_k(run: dict, k_from: str | None) -> dict:
+    """A `K: auto` run takes its K from the select_k rule's file."""
+    if run["params"].get("K") != "auto":
+        return run
+    if not k_from:
+        raise ValueError(f"{run['label']}: K is 'auto'; pass --k-from with the select-k result")
+    from mcfl.select_k import read_k
+
+    return dict(run, params={**run["params"], "K": read_k(k_from)})
+
+
+def _cmd_select_k(a) -> int:
+    from mcfl.runner import configure_torch
+    from mcfl.federation import resolve_device
+    from mcfl.select_k import select_k
+
+    run = json.loads(a.run)
+    if not run.get("select_k"):
+        raise ValueError(f"{run['label']}: not a `K: auto` run (no select_k settings)")
+    configure_torch(resolve_device(a.device), a.threads)
+    res = select_k(run, a.store, a.out, device=a.device, threads=a.threads)
+    scores = ", ".join(f"K={s['K']}: acc {s['micro_acc']:.4f}" for s in res["scores"])
+    print(f"{run['dataset']} {run['label']} seed {run['seed']}: chose K={res['K']} ({scores})")
+    return 0
+
+
 def _cmd_report(a) -> int:
     from mcfl.report import write_report
 
-    write_report([Path(p) for p in a.runs], Path(a.out))
+    sources = dict(x.split("=", 1) for x in a.sources or [])
+    write_report([Path(p) for p in a.runs], Path(a.out), sources)
+    return 0
+
+
+def _cmd_report_select_k(a) -> int:
+    from mcfl.select_k import write_select_k_report
+
+    write_select_k_report([Path(p) for p in a.files], Path(a.out))
     return 0
 
 
@@ -238,13 +272,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check-config", help="validate a config and list its runs")
     p.add_argument("config")
     sub.add_parser("methods", help="list algorithms and their hyperparameters")
-    for name in ("init-centres", "train"):
-        p = sub.add_parser(name, help="initialise cluster centres" if name != "train" else "train one run")
+    helps = {"init-centres": "initialise cluster centres", "train": "train one run",
+             "select-k": "choose K for a `K: auto` run (FeSEM §5.2)"}
+    for name, text in helps.items():
+        p = sub.add_parser(name, help=text)
         p.add_argument("--run", required=True, help="the run's JSON (from `expand_runs`)")
         p.add_argument("--store", required=True, help="prepared data store")
         p.add_argument("--out", required=True)
         p.add_argument("--device", default="auto")
         p.add_argument("--threads", type=int, default=1)
+        if name != "select-k":
+            p.add_argument("--k-from", help="select-k result to take K from (for `K: auto` runs)")
+    p = sub.choices["train"]
     p.add_argument("--centres", help="initial centres file (from init-centres)")
     p.add_argument("--checkpoint", help="checkpoint file: resumed from if present")
     p.add_argument("--tracking", action=argparse.BooleanOptionalAction, default=True,
@@ -253,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="aggregate run directories into tables and figures")
     p.add_argument("--out", required=True, help="output directory (table.csv, table.md, figures/)")
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.json, history.csv)")
+    p.add_argument("--sources", nargs="*", metavar="DATASET=SOURCE",
+                   help="data source of each dataset, to match FeSEM's tables (femnist, celeba)")
+    p = sub.add_parser("report-select-k", help="tabulate select-k results (select_k.csv/.md)")
+    p.add_argument("--out", required=True)
+    p.add_argument("files", nargs="+", help="select-k result files")
     leaf_cli.add_parsers(sub)                       # download, import-leaf, export-leaf
     _add_figure_parser(sub)
     from mcfl.report.fedgsp import add_parser as add_fedgsp_parser
@@ -264,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
             "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
             "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
+            "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,
             **leaf_cli.COMMANDS}
 
 

@@ -130,8 +130,11 @@ def method_params(entry: dict, where: str, K: int | None = None):
 
     cls = algorithms.get(entry["method"])
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
-    kw = {k: v for k, v in entry.items() if k not in ("method", "name", "train", "K", "datasets")}
-    if K is not None:
+    kw = {k: v for k, v in entry.items() if k not in ("method", "name", "label", "train", "K", "select_k", "datasets")}
+    if K == "auto":                     # chosen later by the select_k rule (mcfl.select_k)
+        if not hasattr(cls.Params(), "K"):
+            raise ConfigError(f"{where}.K: {cls.name} does not take K, so K cannot be 'auto'")
+    elif K is not None:
         if not cls.clustered:
             raise ConfigError(f"{where}.K: {cls.name} does not take K (it is not a clustered method)")
         kw["K"] = K
@@ -192,7 +195,20 @@ def _validate(cfg: dict, source: str) -> dict:
         Ks = entry.get("K")
         for K in (Ks if isinstance(Ks, list) else [Ks]):
             params = method_params(entry, f"methods[{i}]", K)
-            k = getattr(params, "K", None)
+            k = getattr(params, "K", None) if K != "auto" else None
+            if "label" in entry and isinstance(Ks, list) and len(Ks) > 1:
+                raise ConfigError(f"{source}: methods[{i}].label: one label for {len(Ks)} values of K; "
+                                  f"give each K its own entry")
+            if "select_k" in entry and K != "auto":
+                raise ConfigError(f"{source}: methods[{i}].select_k: only used with K: auto")
+            if K == "auto":
+                from mcfl.select_k import select_k_settings
+
+                try:
+                    sk = select_k_settings(entry)
+                except (TypeError, ValueError) as e:
+                    raise ConfigError(f"{source}: methods[{i}].select_k: {e}") from None
+                k = max(sk.K)
             for name, ds in cfg["datasets"].items():
                 if name not in entry.get("datasets", [name]):
                     continue
@@ -217,6 +233,11 @@ def _validate(cfg: dict, source: str) -> dict:
         if key in seen:
             raise ConfigError(f"{source}: methods: two entries both make run {r['run_id']!r}; give "
                               f"one of them a distinct `name`")
+        seen[key] = 1
+        key = (r["dataset"], "label", r["label"], r["seed"])
+        if key in seen:
+            raise ConfigError(f"{source}: methods: two entries both have the label {r['label']!r}; "
+                              f"give one of them a distinct `name` or `label`")
         seen[key] = 1
     if "fedgsp" in cfg:
         from mcfl.fedgsp_config import check_fedgsp
@@ -276,8 +297,11 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
             for K in (Ks if isinstance(Ks, list) else [Ks]):
                 params = dataclasses.asdict(method_params(entry, f"methods[{i}]", K))
                 base = entry.get("name", cls.name)
+                if K == "auto":
+                    params["K"] = "auto"
                 k = params.get("K") if cls.clustered else None
                 label, run_id = (f"{base}({k})", f"{base}-K{k}") if k is not None else (base, base)
+                label = entry.get("label", label)
                 train = {**ds["train"], **entry.get("train", {})}
                 for seed in cfg["seeds"]:
                     runs.append({"dataset": dname, "method": cls.name, "label": label,
@@ -285,5 +309,12 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                                  "model": dict(ds["model"]), "train": train,
                                  "data": dict(ds["prepare"]), "experiment": cfg["experiment"],
                                  "partition": partition_label(ds.get("partition")),
-                                 "needs_centres": cls.needs_centres})
+                                 "needs_centres": cls.needs_centres,
+                                 "select_k": _select_k(entry) if K == "auto" else None})
     return runs
+
+
+def _select_k(entry: dict) -> dict:
+    from mcfl.select_k import select_k_settings
+
+    return dataclasses.asdict(select_k_settings(entry))

@@ -237,7 +237,7 @@ class LocalTrainer:
             loss = F.cross_entropy(m.module(self.data.inputs(r)), self.data.y["train"][r],
                                    reduction="sum") / len(rows)
             loss.backward()
-            total += float(loss)
+            total += float(loss.detach())
         m.load(w)                      # BatchNorm statistics moved in train mode: restore them
         return m.grad[:P].clone(), total
 

@@ -66,6 +66,18 @@ def store(dataset):
     return f"{DATA}/partitioned/{dataset}"
 
 
+SELECT_K = RES + "/select_k/{dataset}/{run}/seed{seed}.json"
+
+
+def k_input(w):
+    """The select_k result a `K: auto` run takes its K from (nothing for other runs)."""
+    return {"k": SELECT_K.format(**w)} if run_of(w)["select_k"] else {}
+
+
+def k_flag(w, input):
+    return f"--k-from {input.k}" if "k" in input.keys() else ""
+
+
 def run_dirs():
     return [RUN_DIR.format(dataset=d, run=r, seed=s) for d, r, s in RUNS]
 

@@ -4,7 +4,7 @@
 
 rule init_centres:
     input:
-        store=lambda w: store(w.dataset),
+        unpack(lambda w: {"store": store(w.dataset), **k_input(w)}),
     output:
         RES + "/init/{dataset}/{run}/seed{seed}.pt",
     log:
@@ -12,9 +12,10 @@ rule init_centres:
     params:
         run=init_json,
         device=config["device"],
+        k=k_flag,
     threads: 1
     resources:
         gpu=GPU,
     shell:
-        "mcfl init-centres --run {params.run:q} --store {input.store} --out {output} "
+        "mcfl init-centres --run {params.run:q} --store {input.store} --out {output} {params.k} "
         "--device {params.device} --threads {threads} > {log} 2>&1"

@@ -7,6 +7,8 @@ rule report:
     output:
         table=report(RES + "/table.csv", caption="../report/table.rst", category="Tables"),
         markdown=RES + "/table.md",
+        paper=RES + "/paper_comparison.md",
+        paper_csv=RES + "/paper_comparison.csv",
         figures=report(
             expand(RES + "/figures/convergence_{dataset}.png", dataset=list(config["datasets"])),
             caption="../report/convergence.rst",
@@ -16,5 +18,6 @@ rule report:
         "logs/report.log",
     params:
         runs=lambda w, input: " ".join(os.path.dirname(f) for f in input),
+        sources=" ".join(f"{d}={ds['prepare']['source']}" for d, ds in config["datasets"].items()),
     shell:
-        "mcfl report --out {RES} {params.runs} > {log} 2>&1"
+        "mcfl report --out {RES} {params.runs} --sources {params.sources} > {log} 2>&1"

@@ -3,7 +3,7 @@
 
 
 def train_inputs(w):
-    inputs = {"store": store(w.dataset)}
+    inputs = {"store": store(w.dataset), **k_input(w)}
     if run_of(w)["needs_centres"]:
         inputs["centres"] = rules.init_centres.output[0].format(**w)
     return inputs
@@ -27,10 +27,11 @@ rule train:
         checkpoint=lambda w: f"{RES}/checkpoints/{w.dataset}/{w.run}/seed{w.seed}.pt",
         tracking="--tracking" if config["tracking"] else "--no-tracking",
         device=config["device"],
+        k=k_flag,
     threads: 1
     resources:
         gpu=GPU,
     shell:
-        "mcfl train --run {params.run:q} --store {input.store} {params.centres} "
+        "mcfl train --run {params.run:q} --store {input.store} {params.centres} {params.k} "
         "--out $(dirname {output.metrics}) --checkpoint {params.checkpoint} {params.tracking} "
         "--device {params.device} --threads {threads} > {log} 2>&1"

@@ -29,13 +29,26 @@ class FedAvg(Algorithm):
     def init(self) -> State:
         return State(self.fed.w0.clone())
 
+    # Hooks for the methods that differ from FedAvg in one place only (FedProx, FedDist, FedDWS).
+    def local_task(self, client: int, w: torch.Tensor) -> Task:
+        """The local update client ``client`` runs from the global model ``w``."""
+        return Task(client, w)
+
+    def weight(self, res) -> float:
+        """The weight of a local model in the server average (its training-set size)."""
+        return res.n_samples
+
+    def server_step(self, w: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        """The new global model from the old one and the average of the local models."""
+        return mean
+
     def round(self, state: State, clients: np.ndarray, rnd: int):
         acc = WeightedSum(1, state.w.numel(), state.w.device)
         losses = []
-        for task, res in self.fed.trainer.run((Task(int(c), state.w) for c in clients), rnd):
-            acc.add(0, res.weights, res.n_samples)
+        for task, res in self.fed.trainer.run((self.local_task(int(c), state.w) for c in clients), rnd):
+            acc.add(0, res.weights, self.weight(res))
             losses.append(res.loss)
-        return State(acc.mean(0)), {"train_loss": float(np.mean(losses))}
+        return State(self.server_step(state.w, acc.mean(0))), {"train_loss": float(np.mean(losses))}
 
     def eval_models(self, state: State):
         yield state.w, np.arange(self.fed.n_clients)

@@ -99,3 +99,18 @@ def load_centres(path, K: int, fed: Federation) -> Centres:
                          f"do not fit K={K}, |W|={fed.model.size}, m={fed.n_clients}; "
                          f"rerun the init_centres rule")
     return Centres(centres.float(), assign.long().cpu(), float(d["inertia"]))
+
+
+def initial_centres(fed: Federation, params) -> Centres:
+    """The initial centres a clustered method's ``params`` ask for: the DAG's file when the run has
+    one (``fed.inputs["centres"]``), else computed here. Reads FeSEM's fields ``restarts``,
+    ``distance``, ``mstep`` and ``init`` where a method has them (defaults 20, all, mean, kmeans)."""
+    if "centres" in fed.inputs:
+        return load_centres(fed.inputs["centres"], params.K, fed)
+    return init_centres(fed, params.K, **centre_options(params))
+
+
+def centre_options(params) -> dict:
+    return {"restarts": getattr(params, "restarts", 20), "distance": getattr(params, "distance", "all"),
+            "weighted": getattr(params, "mstep", "mean") == "weighted",
+            "method": getattr(params, "init", "kmeans")}

@@ -98,11 +98,14 @@ def convergence_figure(hist: pd.DataFrame, dataset: str, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(run_dirs: list[Path], out: Path) -> None:
+def write_report(run_dirs: list[Path], out: Path, sources: dict[str, str] | None = None) -> None:
+    from mcfl.report.paper import write_comparison
+
     finals, hist = collect(run_dirs)
     table = summary_table(finals)
     with atomic_path(out / "table.csv") as tmp:
         table.round(4).to_csv(tmp, index=False)
     write_text(out / "table.md", to_markdown(table))
+    write_comparison(table, out, sources)          # paper_comparison.csv/.md (mcfl.report.paper)
     for ds in dict.fromkeys(finals["dataset"]):
         convergence_figure(hist, ds, out / "figures" / f"convergence_{ds}.png")
