@@ -401,7 +401,11 @@ def test_non_finite_server_metric_stops_the_run(digits_store, tmp_path, monkeypa
 
 # =========================================================================================== config
 def _base():
-    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    """The default config's datasets with three fixed method entries (the cases below index them)."""
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg["methods"] = [{"method": "FedAvg"}, {"method": "NoFed"}, {"method": "FeSEM", "K": [2, 3, 4]}]
+    cfg.pop("fedgsp", None)
+    return cfg
 
 
 BAD_CONFIGS = [
