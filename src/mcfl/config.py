@@ -94,7 +94,7 @@ def method_params(entry: dict, where: str, K: int | None = None):
 
     cls = algorithms.get(entry["method"])
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
-    kw = {k: v for k, v in entry.items() if k not in ("method", "name", "train", "K")}
+    kw = {k: v for k, v in entry.items() if k not in ("method", "name", "train", "K", "datasets")}
     if K is not None:
         if not cls.clustered:
             raise ConfigError(f"{where}.K: {cls.name} does not take K (it is not a clustered method)")
@@ -139,11 +139,17 @@ def validate(cfg: dict, source: str = "config") -> dict:
         _check_kwargs(f"datasets.{name}.model", models.MODELS[ds["model"]["name"]],
                       ds["model"], skip=("name",))
     for i, entry in enumerate(cfg["methods"]):
+        for name in entry.get("datasets", []):
+            if name not in cfg["datasets"]:
+                raise ConfigError(f"{source}: methods[{i}].datasets: unknown dataset {name!r}; "
+                                  f"known: {', '.join(cfg['datasets'])}")
         Ks = entry.get("K")
         for K in (Ks if isinstance(Ks, list) else [Ks]):
             params = method_params(entry, f"methods[{i}]", K)
             k = getattr(params, "K", None)
             for name, ds in cfg["datasets"].items():
+                if name not in entry.get("datasets", cfg["datasets"]):
+                    continue
                 n = ds["prepare"].get("clients")
                 if k is not None and isinstance(n, int) and k > n:
                     raise ConfigError(f"{source}: methods[{i}].K: K={k} is larger than the number "
@@ -182,6 +188,8 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
     runs = []
     for dname, ds in cfg["datasets"].items():
         for i, entry in enumerate(cfg["methods"]):
+            if dname not in entry.get("datasets", [dname]):
+                continue
             cls = algorithms.get(entry["method"])
             Ks = entry.get("K")
             for K in (Ks if isinstance(Ks, list) else [Ks]):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from mcfl.algorithms.base import Algorithm
 from mcfl.algorithms.fedavg import FedAvg
+from mcfl.algorithms.fedcg import FedCG
 from mcfl.algorithms.fesem import FeSEM
 from mcfl.algorithms.nofed import NoFed
 
-ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, NoFed, FeSEM)}
+ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (FedAvg, NoFed, FeSEM, FedCG)}
 
 
 def get(name: str) -> type[Algorithm]:

@@ -15,6 +15,7 @@ __all__ = ["ClientData", "FederatedData", "StoreError", "load", "write_store", "
 SOURCES = {
     "digits": "mcfl.data.digits:make_digits",
     "synthetic": "mcfl.data.synthetic:make_synthetic",
+    "digits_domains": "mcfl.data.digits_domains:make_digits_domains",
 }
 
 

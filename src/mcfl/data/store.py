@@ -8,6 +8,13 @@ A store is a directory::
     offsets_train.npy  int64, client i owns rows offsets[i]:offsets[i+1]   (m + 1,)
     x_test.npy, y_test.npy, offsets_test.npy                               (same, for test)
     cluster.npy        int64 true cluster per client, -1 where unknown     (m,)
+    domain_train.npy   optional: int64 domain id per training sample       (N_train,)
+    domain_test.npy    optional: int64 domain id per test sample           (N_test,)
+
+The two ``domain_*`` arrays are optional (stores without them load as before; their hash enters the
+content hash only when present). They label *samples*, not clients, for data whose domains are mixed
+inside clients (FedCG's setting); ``meta["domains"]`` may name the domains (``names``) and list the
+ids that occur only in test data (``unseen``).
 
 Inputs are stored compactly: ``uint8`` images with ``x_scale = 1/255`` (or ``1/16`` for sklearn's
 digits), or ``float32`` features with ``x_scale = 1``. Arrays are memory-mapped on load, so opening
@@ -29,6 +36,7 @@ from mcfl.io import atomic_path, sha256_file
 
 FORMAT = "mcfl-store/1"
 ARRAYS = ("x_train", "y_train", "offsets_train", "x_test", "y_test", "offsets_test", "cluster")
+OPTIONAL = ("domain_train", "domain_test")
 
 
 class StoreError(ValueError):
@@ -45,6 +53,8 @@ class ClientData:
     x_test: np.ndarray
     y_test: np.ndarray
     cluster: int = -1
+    domain_train: np.ndarray | None = None   # optional int domain id per sample (both or neither)
+    domain_test: np.ndarray | None = None
 
 
 @dataclass
@@ -61,6 +71,13 @@ class FederatedData:
     offsets_test: np.ndarray
     cluster: np.ndarray
     client_ids: list[str] = field(default_factory=list)
+    domain_train: np.ndarray | None = None
+    domain_test: np.ndarray | None = None
+
+    @property
+    def unseen_domains(self) -> list[int]:
+        """Domain ids that occur only at test time (from ``meta["domains"]["unseen"]``)."""
+        return [int(d) for d in self.meta.get("domains", {}).get("unseen", [])]
 
     @property
     def n_clients(self) -> int:
@@ -106,8 +123,11 @@ class FederatedData:
 
 # ------------------------------------------------------------------------------------------ writing
 def write_store(out: str | Path, clients: Sequence[ClientData], *, n_classes: int, source: str,
-                params: dict[str, Any], x_scale: float = 1.0, x_dtype: str | None = None) -> Path:
-    """Validate ``clients`` and write them as a store at ``out`` (atomically: all or nothing)."""
+                params: dict[str, Any], x_scale: float = 1.0, x_dtype: str | None = None,
+                domains: dict[str, Any] | None = None) -> Path:
+    """Validate ``clients`` and write them as a store at ``out`` (atomically: all or nothing).
+    Per-sample domain arrays are written when the clients carry them; ``domains`` (names, unseen
+    ids) goes to ``meta["domains"]``."""
     out = Path(out)
     if not clients:
         raise StoreError(f"{out}: no clients to write")
@@ -128,6 +148,14 @@ def write_store(out: str | Path, clients: Sequence[ClientData], *, n_classes: in
         "offsets_test": _offsets([len(c.y_test) for c in clients]),
         "cluster": np.asarray([int(c.cluster) for c in clients], dtype=np.int64),
     }
+    has_domains = [c.domain_train is not None and c.domain_test is not None for c in clients]
+    if any(has_domains):
+        if not all(has_domains):
+            bad = ids[has_domains.index(False)]
+            raise StoreError(f"{out}: client {bad!r} has no domain_train/domain_test but others do")
+        for split in ("train", "test"):
+            arrays[f"domain_{split}"] = np.concatenate(
+                [np.asarray(getattr(c, f"domain_{split}"), dtype=np.int64) for c in clients])
     meta = {
         "format": FORMAT,
         "source": source,
@@ -141,6 +169,8 @@ def write_store(out: str | Path, clients: Sequence[ClientData], *, n_classes: in
         "x_scale": float(x_scale),
         "client_ids": ids,
     }
+    if domains is not None:
+        meta["domains"] = domains
     return write_arrays(out, arrays, meta)
 
 
@@ -149,7 +179,7 @@ def write_arrays(out: str | Path, arrays: dict[str, np.ndarray], meta: dict[str,
     out = Path(out)
     with atomic_path(out, is_dir=True) as tmp:
         files = {}
-        for name in ARRAYS:
+        for name in ARRAYS + tuple(n for n in OPTIONAL if n in arrays):
             np.save(tmp / f"{name}.npy", arrays[name], allow_pickle=False)
             files[f"{name}.npy"] = sha256_file(tmp / f"{name}.npy")
         meta = dict(meta, files=files, content_hash=_content_hash(files))
@@ -184,6 +214,11 @@ def _check_client(out: Path, c: ClientData, x_shape: tuple[int, ...], n_classes:
             raise StoreError(f"{where}: x_{split} contains NaN or inf")
     if len(c.y_train) == 0:
         raise StoreError(f"{where}: has no training samples (drop it, or lower the split fraction)")
+    for split in ("train", "test"):
+        dom = getattr(c, f"domain_{split}")
+        if dom is not None and np.asarray(dom).shape != (len(getattr(c, f"y_{split}")),):
+            raise StoreError(f"{where}: domain_{split} has shape {np.asarray(dom).shape}, expected "
+                             f"one domain id per {split} sample ({len(getattr(c, f'y_{split}'))})")
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -201,7 +236,7 @@ def load(path: str | Path, *, verify: bool = False, mmap: bool = True) -> Federa
     if meta.get("format") != FORMAT:
         raise StoreError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     arrays = {}
-    for name in ARRAYS:
+    for name in ARRAYS + tuple(n for n in OPTIONAL if f"{n}.npy" in meta.get("files", {})):
         f = path / f"{name}.npy"
         if not f.is_file():
             raise StoreError(f"{f}: missing from the store")
@@ -231,3 +266,8 @@ def _check_loaded(d: FederatedData) -> None:
                              f"meta.json says {d.x_shape}")
     if d.cluster.shape != (m,):
         raise StoreError(f"{d.path}/cluster.npy: expected {m} entries, found {d.cluster.shape}")
+    for split in ("train", "test"):
+        dom = getattr(d, f"domain_{split}")
+        if dom is not None and dom.shape != (len(getattr(d, f"y_{split}")),):
+            raise StoreError(f"{d.path}/domain_{split}.npy: expected one domain id per {split} "
+                             f"sample ({len(getattr(d, f'y_{split}'))}), found shape {dom.shape}")
