@@ -18,6 +18,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/init.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/fedcg.smk"
 
 
 rule all:

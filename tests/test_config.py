@@ -14,7 +14,7 @@ def base():
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda c: c["methods"].append({"method": "FedMagic"}), r"methods\[3\]\.method: 'FedMagic' is not one of"),
+    (lambda c: c["methods"].insert(3, {"method": "FedMagic"}), r"methods\[3\]\.method: 'FedMagic' is not one of"),
     (lambda c: c["methods"][2].update(K=[0, 2]), r"methods\[2\]\.K"),
     (lambda c: c["methods"][2].update(K=101), r"methods\[2\]\.K: K=101 is larger than the number of clients"),
     (lambda c: c["datasets"]["digits"]["train"].update(lr=-0.1), r"datasets\.digits\.train\.lr: -0\.1"),
@@ -39,8 +39,8 @@ def test_defaults_are_filled_and_runs_expanded():
     assert cfg["datasets"]["digits"]["train"]["clients_per_round"] is None
     runs = expand_runs(cfg)
     labels = sorted({r["label"] for r in runs})
-    assert labels == ["FeSEM(2)", "FeSEM(3)", "FeSEM(4)", "FedAvg", "NoFed"]
-    assert len(runs) == 2 * 5 * len(cfg["seeds"])
+    assert labels == ["FeSEM(2)", "FeSEM(3)", "FeSEM(4)", "FedAvg", "FedCG(3)", "NoFed"]
+    assert len(runs) == (2 * 5 + 2) * len(cfg["seeds"])     # FedCG and FedAvg only on digits_domains
     fesem4 = next(r for r in runs if r["label"] == "FeSEM(4)")
     assert fesem4["params"]["K"] == 4 and fesem4["params"]["restarts"] == 20
     assert fesem4["needs_centres"]

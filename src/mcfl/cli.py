@@ -6,6 +6,7 @@
     mcfl init-centres --run JSON --store DIR --out FILE
     mcfl train --run JSON --store DIR --out DIR [--centres FILE] [--checkpoint FILE]
     mcfl report --out results RUN_DIR [RUN_DIR ...]
+    mcfl report-fedcg --out results/fedcg RUN_DIR [RUN_DIR ...]   # FedCG's Tables 3-5
 """
 
 from __future__ import annotations
@@ -129,6 +130,13 @@ def _cmd_report(a) -> int:
     return 0
 
 
+def _cmd_report_fedcg(a) -> int:
+    from mcfl.report.fedcg import write_fedcg_report
+
+    write_fedcg_report([Path(p) for p in a.runs], Path(a.out))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mcfl", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -153,11 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="aggregate run directories into tables and figures")
     p.add_argument("--out", required=True, help="output directory (table.csv, table.md, figures/)")
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.json, history.csv)")
+    p = sub.add_parser("report-fedcg", help="FedCG's ablation tables (Tables 3-5) from run directories")
+    p.add_argument("--out", required=True, help="output directory (table3-5.csv, tables.md)")
+    p.add_argument("runs", nargs="+", help="run directories of FedCG and FedAvg runs")
     return ap
 
 
 COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
-            "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report}
+            "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
+            "report-fedcg": _cmd_report_fedcg}
 
 
 def main(argv: list[str] | None = None) -> int:
