@@ -86,6 +86,7 @@ class Params:
     dc_kernel: int = 5               # domain classifier kernel size [lost; GUESS]
     restarts: int = 10               # k-means restarts (clustering: kmeans)
     calibrate_teacher: bool = True   # standardise the initial teacher's logits (OUR ADDITION; see above)
+    alpha_init: float = 0.0          # initial alpha of Eq. 4 (first author's prototype: 0)
 
     def __post_init__(self):
         choices = {"clustering": ("classifier", "kmeans", "oracle"), "layers": ("last", "conv", "all"),
@@ -124,7 +125,7 @@ class FedCG(Algorithm):
                        dc_width=p.dc_width, dc_kernel=p.dc_kernel, agnostic=p.agnostic, gcn=p.gcn,
                        projection=p.projection, relu=p.relu, gcn_layers=p.gcn_layers,
                        bottleneck=p.bottleneck)
-        net.reset_extras(derive_seed(fed.seed, EXTRAS))
+        net.reset_extras(derive_seed(fed.seed, EXTRAS), alpha=p.alpha_init)
         flat = FlatModel(net, fed.device)
         trainer = LocalTrainer(flat, fed.dev, fed.trainer.spec, fed.seed)
         self.fed = dataclasses.replace(fed, model=flat, trainer=trainer, w0=flat.get())

@@ -158,15 +158,15 @@ class DomainLayer(nn.Module):
         self._cache: tuple | None = None
 
     @torch.no_grad()
-    def reset_domain_parameters(self, generator: torch.Generator) -> None:
+    def reset_domain_parameters(self, generator: torch.Generator, alpha: float = 0.0) -> None:
         """theta_k: the layer's default initialisation, drawn independently per domain (U(-b, b),
-        b = 1/sqrt(fan_in), as PyTorch's Conv2d/Linear); alpha = 0; A = I; W = I, or with a
+        b = 1/sqrt(fan_in), as PyTorch's Conv2d/Linear); alpha (0 by default); A = I; W = I, or with a
         bottleneck a scaled projection P Q = sqrt(d/h) U U^T (U a random d x h orthonormal basis), so
         that W keeps the norm of a random parameter vector in expectation [GUESS]."""
         b = 1.0 / math.sqrt(self.fan_in)
         self.theta.copy_(torch.rand(self.theta.shape, generator=generator) * 2 * b - b)
         if self.alpha is not None:
-            self.alpha.zero_()
+            self.alpha.fill_(alpha)
         self.adjacency.copy_(torch.eye(self.K))
         if not len(self.weights):
             return
@@ -309,11 +309,11 @@ class FedCGNet(nn.Module):
         return [(n, self.backbone.get_submodule(n)) for n in self.layer_names]
 
     @torch.no_grad()
-    def reset_extras(self, seed: int) -> None:
+    def reset_extras(self, seed: int, alpha: float = 0.0) -> None:
         """Initialise everything FedCG adds to the plain network (the backbone keeps its weights)."""
         g = torch.Generator().manual_seed(int(seed))
         for _, layer in self.domain_layers():
-            layer.reset_domain_parameters(g)
+            layer.reset_domain_parameters(g, alpha)
         state = torch.random.get_rng_state()
         try:
             torch.manual_seed(int(seed) + 1)
