@@ -42,8 +42,8 @@ def rotate_images(x: np.ndarray, angle: float) -> np.ndarray:
     return np.clip(np.rint(r), 0, 255).astype(x.dtype)
 
 
-def make_digits_domains(out: str | Path, *, clients: int = 40, angles: tuple = (0, 90, 180),
-                        unseen: tuple = (45,), domain_alpha: float = 0.5, unseen_fraction: float = 0.3,
+def make_digits_domains(out: str | Path, *, clients: int = 20, angles: tuple = (0, 60, 120),
+                        unseen: tuple = (90,), domain_alpha: float = 0.5, unseen_fraction: float = 0.3,
                         test_fraction: float = 0.25, pad: int = 2, seed: int = 0) -> Path:
     from sklearn.datasets import load_digits
 
