@@ -23,6 +23,7 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/fedgsp.smk"
 include: "workflow/rules/select_k.smk"
+include: "workflow/rules/fedcg.smk"
 
 
 rule all:

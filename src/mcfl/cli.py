@@ -12,6 +12,7 @@
     mcfl import-leaf DIR --out STORE / mcfl export-leaf STORE --out DIR
     mcfl figure clusters|cases ...                # FeSEM Figs. 4 and 5 (see `mcfl figure -h`)
     mcfl fedgsp {cpd,table,heatmap,kappa} ...     # FedGSP's tables and figures
+    mcfl report-fedcg --out results/fedcg RUN_DIR [RUN_DIR ...]   # FedCG's Tables 3-5
 """
 
 from __future__ import annotations
@@ -201,6 +202,13 @@ def _cmd_report(a) -> int:
     return 0
 
 
+def _cmd_report_fedcg(a) -> int:
+    from mcfl.report.fedcg import write_fedcg_report
+
+    write_fedcg_report([Path(p) for p in a.runs], Path(a.out))
+    return 0
+
+
 def _cmd_report_select_k(a) -> int:
     from mcfl.select_k import write_select_k_report
 
@@ -302,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mcfl.report.fedgsp import add_parser as add_fedgsp_parser
 
     add_fedgsp_parser(sub)
+    p = sub.add_parser("report-fedcg", help="FedCG's ablation tables (Tables 3-5) from run directories")
+    p.add_argument("--out", required=True, help="output directory (table3-5.csv, tables.md)")
+    p.add_argument("runs", nargs="+", help="run directories of FedCG and FedAvg runs")
     return ap
 
 
@@ -309,7 +320,7 @@ COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods
             "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
             "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
             "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,
-            **leaf_cli.COMMANDS}
+            "report-fedcg": _cmd_report_fedcg, **leaf_cli.COMMANDS}
 
 
 def _terminate(signum, frame):

@@ -89,8 +89,14 @@ def _check_value(where: str, value: Any, hint: Any) -> None:
     """Raise ConfigError naming ``where`` unless ``value`` fits the type annotation ``hint``."""
     from pydantic import TypeAdapter, ValidationError
 
+    adapter = TypeAdapter(hint)
     try:
-        TypeAdapter(hint).validate_python(value, strict=True)
+        try:
+            adapter.validate_python(value, strict=True)
+        except ValidationError:
+            if not isinstance(value, list):   # YAML has no tuples: a list may fill a tuple parameter
+                raise
+            adapter.validate_python(tuple(value), strict=True)
     except ValidationError as e:
         err = e.errors()[0]
         loc = "".join(f"[{p}]" if isinstance(p, int) else "" for p in err["loc"])

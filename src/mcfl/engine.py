@@ -13,7 +13,9 @@ last one short), optionally with
 
 * a proximal/distance term ``(mu/2)·||w - anchor||^2`` over the parameters: FeSEM's Eq. 7 with
   ``mu = lambda`` and the anchor the client's cluster centre; FedProx's term with the global model;
-* a linear term ``<linear, w>``: FedDANE's gradient correction.
+* a linear term ``<linear, w>``: FedDANE's gradient correction;
+* a custom loss ``Task.loss(module, x, y, rows)`` replacing the cross-entropy of ``module(x)``
+  (FedCG's joint objective: classification plus the student's pseudo-label loss).
 
 Randomness: every (round, client) pair draws its batch order from its own generator, seeded from
 ``SeedSequence([seed, round, client])``, so a client's update does not depend on which other clients
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -145,13 +147,16 @@ class LocalSpec:
 
 @dataclass
 class Task:
-    """One client's local update: start from ``start``; optional proximal anchor/mu and linear term."""
+    """One client's local update: start from ``start``; optional proximal anchor/mu and linear term;
+    optional ``loss(module, x, y, rows)`` -> scalar minibatch loss (default: cross-entropy of
+    ``module(x)``; ``rows`` are the batch's row indices into the training arrays)."""
 
     client: int
     start: torch.Tensor
     anchor: torch.Tensor | None = None
     mu: float = 0.0
     linear: torch.Tensor | None = None
+    loss: Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass
@@ -198,7 +203,8 @@ class LocalTrainer:
         steps = 0
         for rows in self.batches(task.client, rnd, purpose, spec):
             m.grad.zero_()
-            loss = F.cross_entropy(m.module(self.data.inputs(rows)), self.data.y["train"][rows])
+            x, y = self.data.inputs(rows), self.data.y["train"][rows]
+            loss = task.loss(m.module, x, y, rows) if task.loss else F.cross_entropy(m.module(x), y)
             loss.backward()
             with torch.no_grad():
                 g = m.grad

@@ -18,6 +18,10 @@ Clients without test samples are left out of all four. ``ari``/``nmi`` compare a
 client-to-cluster assignment with the true clusters (scikit-learn's ``adjusted_rand_score`` and
 ``normalized_mutual_info_score``). The F1 computation is vectorised over clients (one ``bincount``)
 and tested for equality with scikit-learn's per-client ``f1_score``.
+
+Stores that label every test sample with a domain (FedCG's setting) also get ``acc_dom<d>``, the
+accuracy over the test samples of domain d, and ``acc_seen``/``acc_unseen``, the accuracy over the
+samples of the domains that do/do not occur in training.
 """
 
 from __future__ import annotations
@@ -67,3 +71,16 @@ def clustering_scores(assign: np.ndarray, truth: np.ndarray | None) -> dict[str,
 
     return {"ari": float(adjusted_rand_score(truth, assign)),
             "nmi": float(normalized_mutual_info_score(truth, assign))}
+
+
+def domain_scores(domain: np.ndarray, hit: np.ndarray, unseen=()) -> dict[str, float]:
+    """Accuracy per test domain (``acc_dom<d>``) and over the seen / unseen domains, from each test
+    sample's domain id and whether it was classified correctly."""
+    domain, hit = np.asarray(domain), np.asarray(hit, dtype=float)
+    out = {f"acc_dom{int(d)}": float(hit[domain == d].mean()) for d in np.unique(domain)}
+    new = np.isin(domain, np.asarray(list(unseen), dtype=domain.dtype))
+    if new.any():
+        out["acc_unseen"] = float(hit[new].mean())
+        if (~new).any():
+            out["acc_seen"] = float(hit[~new].mean())
+    return out

@@ -41,7 +41,7 @@ from mcfl.data.store import load, warn_untested
 from mcfl.engine import LocalSpec, Task
 from mcfl.federation import Federation, build_federation, resolve_device
 from mcfl.io import atomic_path, config_hash, git_revision, write_json
-from mcfl.metrics import clustering_scores, per_client_scores, summarize
+from mcfl.metrics import clustering_scores, domain_scores, per_client_scores, summarize
 
 log = logging.getLogger("mcfl")
 FINETUNE = 7
@@ -52,7 +52,7 @@ def evaluate(algo: algorithms.Algorithm, state, fed: Federation, *, finetune_epo
              rnd: int = 0) -> dict[str, float]:
     """Test every client with the model ``algo.eval_models`` gives it; metrics per :mod:`mcfl.metrics`."""
     off = fed.dev.offsets["test"]
-    owners, truths, preds, losses = [], [], [], []
+    owners, truths, preds, losses, all_rows = [], [], [], [], []
     tested = np.zeros(fed.n_clients, dtype=np.int64)
     ft_spec = LocalSpec(fed.trainer.spec.lr, fed.trainer.spec.batch_size, finetune_epochs) \
         if finetune_epochs else None
@@ -65,12 +65,14 @@ def evaluate(algo: algorithms.Algorithm, state, fed: Federation, *, finetune_epo
         if ft_spec is None:
             groups = [(w, members)]
         else:   # optional local fine-tuning before test: each client adapts the model on its train data
-            groups = [(fed.trainer.train(Task(int(c), w), rnd, FINETUNE, ft_spec).weights, np.array([c]))
+            trainer = algo.fed.trainer      # the algorithm's own model (FedCG wraps the network)
+            groups = [(trainer.train(Task(int(c), w), rnd, FINETUNE, ft_spec).weights, np.array([c]))
                       for c in members]
         for wg, mg in groups:
             rows = np.concatenate([np.arange(off[c], off[c + 1]) for c in mg])
             rows_t = torch.from_numpy(rows).to(fed.device)
-            p, l = fed.trainer.predict(wg, rows_t)
+            p, l = algo.predict(wg, rows_t)
+            all_rows.append(rows)
             owners.append(np.repeat(mg, fed.dev.n_test[mg]))
             truths.append(fed.dev.y["test"][rows_t].cpu().numpy())
             preds.append(p.cpu().numpy())
@@ -84,6 +86,11 @@ def evaluate(algo: algorithms.Algorithm, state, fed: Federation, *, finetune_epo
     out = summarize(scores)
     out["test_loss"] = float(np.concatenate(losses).mean())
     out.update(clustering_scores(algo.assignments(state), fed.data.true_clusters))
+    if fed.data.domain_test is not None:     # stores that label each test sample with its domain
+        hit = np.concatenate(truths) == np.concatenate(preds)
+        out.update(domain_scores(np.asarray(fed.data.domain_test)[np.concatenate(all_rows)], hit,
+                                 fed.data.unseen_domains))
+    out.update(algo.extra_metrics(state))
     return out
 
 

@@ -77,6 +77,15 @@ class Algorithm:
         """Cluster id per client for clustered methods (for ARI/NMI and the artifacts)."""
         return None
 
+    def predict(self, w: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predicted labels and per-sample losses of weights ``w`` on test ``rows`` (the engine's
+        ``predict``; a method whose model needs per-sample side information overrides this)."""
+        return self.fed.trainer.predict(w, rows)
+
+    def extra_metrics(self, state) -> dict[str, float]:
+        """Further test metrics of an evaluation round, merged into the runner's (default: none)."""
+        return {}
+
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self, state) -> dict[str, Any]:
         return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}

@@ -17,6 +17,7 @@ SOURCES = {
     "synthetic": "mcfl.data.synthetic:make_synthetic",
     "femnist": "mcfl.data.leaf.femnist:make_femnist",
     "celeba": "mcfl.data.leaf.celeba:make_celeba",
+    "digits_domains": "mcfl.data.digits_domains:make_digits_domains",
 }
 
 

@@ -8,6 +8,13 @@ A store is a directory::
     offsets_train.npy  int64, client i owns rows offsets[i]:offsets[i+1]   (m + 1,)
     x_test.npy, y_test.npy, offsets_test.npy                               (same, for test)
     cluster.npy        int64 true cluster per client, -1 where unknown     (m,)
+    domain_train.npy   optional: int64 domain id per training sample       (N_train,)
+    domain_test.npy    optional: int64 domain id per test sample           (N_test,)
+
+The two ``domain_*`` arrays are optional (stores without them load as before; their hash enters the
+content hash only when present). They label *samples*, not clients, for data whose domains are mixed
+inside clients (FedCG's setting); ``meta["domains"]`` may name the domains (``names``) and list the
+ids that occur only in test data (``unseen``).
 
 Inputs are stored compactly: ``uint8`` images with ``x_scale = 1/255`` (or ``1/16`` for sklearn's
 digits), or ``float32`` features with ``x_scale = 1``. Arrays are memory-mapped on load, so opening
@@ -45,6 +52,7 @@ log = logging.getLogger("mcfl")
 
 FORMAT = "mcfl-store/1"
 ARRAYS = ("x_train", "y_train", "offsets_train", "x_test", "y_test", "offsets_test", "cluster")
+OPTIONAL = ("domain_train", "domain_test")
 
 
 class StoreError(ValueError):
@@ -61,6 +69,8 @@ class ClientData:
     x_test: np.ndarray
     y_test: np.ndarray
     cluster: int = -1
+    domain_train: np.ndarray | None = None   # optional int domain id per sample (both or neither)
+    domain_test: np.ndarray | None = None
 
 
 @dataclass
@@ -77,6 +87,13 @@ class FederatedData:
     offsets_test: np.ndarray
     cluster: np.ndarray
     client_ids: list[str] = field(default_factory=list)
+    domain_train: np.ndarray | None = None
+    domain_test: np.ndarray | None = None
+
+    @property
+    def unseen_domains(self) -> list[int]:
+        """Domain ids that occur only at test time (from ``meta["domains"]["unseen"]``)."""
+        return [int(d) for d in self.meta.get("domains", {}).get("unseen", [])]
 
     @property
     def n_clients(self) -> int:
@@ -122,8 +139,11 @@ class FederatedData:
 
 # ------------------------------------------------------------------------------------------ writing
 def write_store(out: str | Path, clients: Sequence[ClientData], *, n_classes: int, source: str,
-                params: dict[str, Any], x_scale: float = 1.0, x_dtype: str | None = None) -> Path:
-    """Validate ``clients`` and write them as a store at ``out`` (atomically: all or nothing)."""
+                params: dict[str, Any], x_scale: float = 1.0, x_dtype: str | None = None,
+                domains: dict[str, Any] | None = None) -> Path:
+    """Validate ``clients`` and write them as a store at ``out`` (atomically: all or nothing).
+    Per-sample domain arrays are written when the clients carry them; ``domains`` (names, unseen
+    ids) goes to ``meta["domains"]``."""
     out = Path(out)
     if not clients:
         raise StoreError(f"{out}: no clients to write")
@@ -140,6 +160,14 @@ def write_store(out: str | Path, clients: Sequence[ClientData], *, n_classes: in
         "offsets_test": _offsets([len(c.y_test) for c in clients]),
         "cluster": np.asarray([int(c.cluster) for c in clients], dtype=np.int64),
     }
+    has_domains = [c.domain_train is not None and c.domain_test is not None for c in clients]
+    if any(has_domains):
+        if not all(has_domains):
+            bad = ids[has_domains.index(False)]
+            raise StoreError(f"{out}: client {bad!r} has no domain_train/domain_test but others do")
+        for split in ("train", "test"):
+            arrays[f"domain_{split}"] = np.concatenate(
+                [np.asarray(getattr(c, f"domain_{split}"), dtype=np.int64) for c in clients])
     meta = {
         "format": FORMAT,
         "source": source,
@@ -153,6 +181,8 @@ def write_store(out: str | Path, clients: Sequence[ClientData], *, n_classes: in
         "x_scale": float(x_scale),
         "client_ids": [str(c.id) for c in clients],
     }
+    if domains is not None:
+        meta["domains"] = domains
     return write_arrays(out, arrays, meta)
 
 
@@ -164,7 +194,7 @@ def write_arrays(out: str | Path, arrays: dict[str, np.ndarray], meta: dict[str,
     warn_untested(out, meta["client_ids"], np.diff(arrays["offsets_test"]))
     with atomic_path(out, is_dir=True) as tmp:
         files = {}
-        for name in ARRAYS:
+        for name in ARRAYS + tuple(n for n in OPTIONAL if n in arrays):
             np.save(tmp / f"{name}.npy", arrays[name], allow_pickle=False)
             files[f"{name}.npy"] = sha256_file(tmp / f"{name}.npy")
         meta = dict(meta, files=files, content_hash=_content_hash(files))
@@ -193,6 +223,11 @@ def _check_client(out: Path, c: ClientData, x_shape: tuple[int, ...]) -> None:
         if len(x) and tuple(x.shape[1:]) != x_shape:
             raise StoreError(f"{where}: x_{split} samples have shape {tuple(x.shape[1:])}, "
                              f"expected {x_shape} like the first client")
+    for split in ("train", "test"):
+        dom = getattr(c, f"domain_{split}")
+        if dom is not None and np.asarray(dom).shape != (len(getattr(c, f"y_{split}")),):
+            raise StoreError(f"{where}: domain_{split} has shape {np.asarray(dom).shape}, expected "
+                             f"one domain id per {split} sample ({len(getattr(c, f'y_{split}'))})")
 
 
 def check_arrays(where: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any], *,
@@ -266,7 +301,7 @@ def load(path: str | Path, *, verify: bool = False, mmap: bool = True) -> Federa
     if missing:
         raise StoreError(f"{meta_path}: missing keys {missing}")
     arrays = {}
-    for name in ARRAYS:
+    for name in ARRAYS + tuple(n for n in OPTIONAL if f"{n}.npy" in meta.get("files", {})):
         f = path / f"{name}.npy"
         if not f.is_file():
             raise StoreError(f"{f}: missing from the store")
@@ -276,5 +311,10 @@ def load(path: str | Path, *, verify: bool = False, mmap: bool = True) -> Federa
             arrays[name] = np.load(f, mmap_mode="r" if mmap else None, allow_pickle=False)
         except ValueError as e:
             raise StoreError(f"{f}: unreadable ({e})") from e
+    for split in ("train", "test"):
+        dom = getattr(d, f"domain_{split}")
+        if dom is not None and dom.shape != (len(getattr(d, f"y_{split}")),):
+            raise StoreError(f"{d.path}/domain_{split}.npy: expected one domain id per {split} "
+                             f"sample ({len(getattr(d, f'y_{split}'))}), found shape {dom.shape}")
     check_arrays(path, arrays, meta, finite=verify)
     return FederatedData(path=path, meta=meta, client_ids=list(meta["client_ids"]), **arrays)

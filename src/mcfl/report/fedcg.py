@@ -1,0 +1,120 @@
+"""FedCG's tables (Caldarola et al. 2021, Tables 3-5) from the runs' own ``metrics.json`` files.
+
+Every FedCG run is described by its hyperparameters, which name its row; numbers are the mean and
+sample standard deviation over seeds of the final test accuracy in percent.
+
+* ``table3.csv`` "How to use domain information" (§4.2.1): runs with oracle domains
+  (``clustering: oracle``); columns Model (Domain-specific models / GCN / FedCG / Residual, i.e.
+  FedCG without GCN), A (U uniform, H Hamming, D distances of Eq. 6), W, ReLU, accuracy.
+* ``table4.csv`` "How to identify the domains" (§4.2.2): runs with discovered domains (k-means of the
+  client models, or the teacher-student classifier); columns FedCG layers, A init, Clusters, K, and
+  the accuracy with soft and with hard test assignment (both measured on the same trained model),
+  overall and on the unseen test domains when the data have them.
+* ``table5.csv`` the comparison with FedAvg (§4.3): every FedAvg and FedCG label per dataset, with
+  accuracy overall, on the seen and on the unseen test domains.
+
+``tables.md`` shows the three as Markdown.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mcfl.io import atomic_path, write_text
+
+ADJ = {"uniform": "U", "hamming": "H", "distance": "D"}
+CLUSTERS = {"classifier": "Clf", "kmeans": "K-means", "oracle": "oracle"}
+
+
+def load_runs(run_dirs: list[Path]) -> list[dict]:
+    return [json.loads((Path(d) / "metrics.json").read_text()) for d in run_dirs]
+
+
+def _model(p: dict) -> str:
+    if not p["agnostic"]:
+        return "GCN" if p["gcn"] else "Domain-specific models"
+    return "FedCG" if p["gcn"] else "Residual (no GCN)"
+
+
+def _mark(flag: bool) -> str:
+    return "✓" if flag else "✗"
+
+
+def _describe(m: dict) -> dict:
+    p = m["params"]
+    gcn = p["gcn"]
+    return {"dataset": m["dataset"], "label": m["label"], "Model": _model(p),
+            "A": ADJ[p["adjacency"]] if gcn else "-", "W": _mark(gcn and p["projection"]) if gcn else "-",
+            "ReLU": _mark(p["relu"]) if gcn else "-", "layers": p["layers"],
+            "A init": p["adjacency_init"] if gcn and p["adjacency"] == "distance" else "-",
+            "Clusters": CLUSTERS[p["clustering"]], "K": p["K"], "test": p["test_assignment"]}
+
+
+def _aggregate(rows: list[dict], keys: list[str], metrics: dict[str, str]) -> pd.DataFrame:
+    """Mean and std (ddof=1) over seeds of each metric (percent), one row per distinct keys."""
+    if not rows:
+        return pd.DataFrame(columns=keys + ["n_seeds"] + [f"{n}_{s}" for n in metrics for s in ("mean", "std")])
+    df = pd.DataFrame(rows)
+    out = []
+    for key, g in df.groupby(keys, sort=False, dropna=False):
+        row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        row["n_seeds"] = len(g)
+        for name, col in metrics.items():
+            v = pd.to_numeric(g[col], errors="coerce").dropna() * 100 if col in g else pd.Series(dtype=float)
+            row[f"{name}_mean"] = v.mean() if len(v) else np.nan
+            row[f"{name}_std"] = v.std(ddof=1) if len(v) > 1 else np.nan
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def tables(runs: list[dict]) -> dict[str, pd.DataFrame]:
+    fedcg = [{**_describe(m), **m["final"]} for m in runs if m["method"] == "FedCG"]
+    t3 = _aggregate([r for r in fedcg if r["Clusters"] == "oracle"],
+                    ["dataset", "label", "Model", "A", "W", "ReLU", "layers", "test"], {"acc": "micro_acc"})
+    t4 = _aggregate([r for r in fedcg if r["Clusters"] != "oracle"],
+                    ["dataset", "label", "layers", "A init", "Clusters", "K"],
+                    {"acc": "micro_acc", "soft_acc": "soft_acc", "hard_acc": "hard_acc",
+                     "soft_unseen": "soft_acc_unseen", "hard_unseen": "hard_acc_unseen"})
+    comp = [{"dataset": m["dataset"], "label": m["label"], **m["final"]}
+            for m in runs if m["method"] in ("FedAvg", "FedCG")]
+    t5 = _aggregate(comp, ["dataset", "label"],
+                    {"acc": "micro_acc", "seen": "acc_seen", "unseen": "acc_unseen"})
+    return {"table3": t3, "table4": t4, "table5": t5}
+
+
+def _pm(mean, std) -> str:
+    if pd.isna(mean):
+        return ""
+    return f"{mean:.2f}" + ("" if pd.isna(std) else f" ± {std:.2f}")
+
+
+def to_markdown(name: str, t: pd.DataFrame, title: str) -> str:
+    if t.empty:
+        return f"### {title}\n\n(no runs)\n"
+    metrics = [c[:-5] for c in t.columns if c.endswith("_mean")]
+    keys = [c for c in t.columns if c != "n_seeds" and not c.endswith(("_mean", "_std"))]
+    head = keys + ["seeds"] + [f"{m} (%)" for m in metrics]
+    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in t.iterrows():
+        cells = [str(r[k]) for k in keys] + [str(int(r["n_seeds"]))]
+        cells += [_pm(r[f"{m}_mean"], r[f"{m}_std"]) for m in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+TITLES = {"table3": "Table 3: how to use domain information (oracle domains)",
+          "table4": "Table 4: how to identify the domains (soft vs hard test assignment)",
+          "table5": "Table 5: FedCG vs FedAvg (accuracy overall, on seen and on unseen domains)"}
+
+
+def write_fedcg_report(run_dirs: list[Path], out: Path) -> dict[str, pd.DataFrame]:
+    ts = tables(load_runs(run_dirs))
+    for name, t in ts.items():
+        with atomic_path(out / f"{name}.csv") as tmp:
+            t.round(4).to_csv(tmp, index=False)
+    write_text(out / "tables.md", "\n".join(to_markdown(n, t, TITLES[n]) for n, t in ts.items()))
+    return ts

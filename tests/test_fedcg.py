@@ -1,0 +1,269 @@
+"""FedCG: the reconstructed equations on hand-checkable cases, the model's equivalences, and the
+algorithm's server steps (teacher update, adjacency update, FedAvg of everything)."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from conftest import make_run
+from mcfl.data import load, prepare
+from mcfl.engine import FlatModel
+from mcfl.models import build, init_weights
+from mcfl.models.fedcg import (DomainLayer, FedCGNet, distance_adjacency, hamming_adjacency,
+                               inverse_distances, normalise_adjacency, random_adjacency,
+                               uniform_adjacency)
+
+LAM = 0.3
+
+
+# ----------------------------------------------------------------------------------- Eq. 6
+def test_distance_adjacency_matches_hand_computation():
+    x = torch.tensor([[0.0], [1.0], [3.0]])          # distances d01 = 1, d02 = 3, d12 = 2
+    s = inverse_distances(x)
+    assert torch.allclose(s, s.T) and torch.all(s.diag() == 0)
+    assert torch.allclose(s, torch.tensor([[0, 1, 1 / 3], [1, 0, 1 / 2], [1 / 3, 1 / 2, 0]]))
+    a = distance_adjacency(x, LAM)
+    o = 1 - LAM
+    expected = torch.tensor([[LAM, 0.75 * o, 0.25 * o],
+                             [2 / 3 * o, LAM, 1 / 3 * o],
+                             [0.4 * o, 0.6 * o, LAM]])
+    assert torch.allclose(a, expected, atol=1e-6)
+    assert torch.allclose(a.sum(1), torch.ones(3))
+    assert not torch.allclose(a, a.T)                # row-normalised: symmetric only when the rows'
+    two = distance_adjacency(x[:2], LAM)              # normalisers agree, e.g. K = 2
+    assert torch.allclose(two, two.T) and torch.allclose(two, torch.tensor([[LAM, o], [o, LAM]]))
+
+
+def test_uniform_hamming_and_random_graphs_are_symmetric_with_unit_rows():
+    u = uniform_adjacency(4, LAM)
+    assert torch.allclose(u, u.T) and torch.allclose(u.sum(1), torch.ones(4))
+    assert torch.allclose(u[0], torch.tensor([LAM, (1 - LAM) / 3, (1 - LAM) / 3, (1 - LAM) / 3]))
+    h = hamming_adjacency(4, LAM)                    # codes 00 01 10 11: Hamming 1, 1, 2 from 00
+    assert torch.allclose(h, h.T) and torch.allclose(h.sum(1), torch.ones(4))
+    assert torch.allclose(h[0], torch.tensor([LAM, 0.4 * (1 - LAM), 0.4 * (1 - LAM), 0.2 * (1 - LAM)]))
+    r = random_adjacency(5, LAM, torch.Generator().manual_seed(0))
+    assert torch.allclose(r.sum(1), torch.ones(5)) and torch.allclose(r.diag(), torch.full((5,), LAM))
+    assert torch.equal(normalise_adjacency(torch.zeros(1, 1), LAM), torch.ones(1, 1))
+
+
+# ----------------------------------------------------------------------------------- Eqs. 4-5
+def _layer(K=3, **kw):
+    torch.manual_seed(0)
+    layer = DomainLayer(nn.Linear(4, 2), K, **kw)
+    layer.reset_domain_parameters(torch.Generator().manual_seed(1))
+    return layer
+
+
+def test_residual_layer_and_gcn_match_equations_4_and_5():
+    layer = _layer(K=2, relu=True)
+    with torch.no_grad():
+        layer.alpha.fill_(0.7)
+        layer.adjacency.copy_(torch.tensor([[0.6, 0.4], [0.2, 0.8]]))
+        layer.weights[0].copy_(torch.randn(layer.d, layer.d) * 0.3)
+    x_hat = torch.relu(layer.adjacency @ layer.theta @ layer.weights[0])          # Eq. 5
+    assert torch.allclose(layer.gcn(layer.theta), x_hat)
+    h = torch.randn(5, 4)
+    w = torch.softmax(torch.randn(5, 2), 1)
+    layer.assign = w
+    out = layer(h)
+    W = [x_hat[k, :8].view(2, 4) for k in range(2)]
+    b = [x_hat[k, 8:] for k in range(2)]
+    res = sum(w[:, k:k + 1] * (h @ W[k].T + b[k]) for k in range(2))
+    assert torch.allclose(out, layer.base(h) + 0.7 * res, atol=1e-6)               # Eq. 4
+
+
+def test_k1_with_alpha_zero_is_the_plain_network():
+    plain = build("digits_cnn", (1, 12, 12), 10)
+    init_weights(plain, 3)
+    x = torch.rand(7, 1, 12, 12)
+    for layers in ("last", "conv", "all"):
+        net = FedCGNet(_copy(plain), (1, 12, 12), 1, layers=layers, dc_width=4, dc_kernel=3,
+                       bottleneck=64)
+        net.reset_extras(5)
+        for mode in (net.train, net.eval):
+            mode()
+            plain.train(net.training)
+            assert torch.allclose(net(x), plain(x), atol=1e-6)
+        with torch.no_grad():                         # and alpha != 0 does change it
+            for _, m in net.domain_layers():
+                m.alpha.fill_(1.0)
+        assert not torch.allclose(net(x), plain(x), atol=1e-3)
+
+
+def test_a_step_on_one_domain_reaches_every_connected_domain_through_the_gcn():
+    # domains 0 and 1 connected, 2 isolated; no W: the GCN output of a domain moves iff it is
+    # connected to the domain whose samples produced the gradient
+    for projection in (False, True):
+        layer = _layer(K=3, projection=projection, relu=False)
+        with torch.no_grad():
+            layer.adjacency.copy_(torch.tensor([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]))
+            layer.alpha.fill_(1.0)
+        fm = FlatModel(layer)
+        before = layer.gcn(layer.theta).detach().clone()
+        layer.assign = torch.zeros(6, dtype=torch.long)           # a batch of domain-0 samples only
+        fm.grad.zero_()
+        layer(torch.randn(6, 4)).pow(2).sum().backward()
+        assert fm.grad[fm.slices["theta"]].view(3, -1)[2].abs().sum() == 0   # A_02 = 0: no gradient
+        with torch.no_grad():
+            fm.flat[:fm.n_params] -= 0.1 * fm.grad
+        moved = (layer.gcn(layer.theta).detach() - before).abs().sum(1)
+        assert moved[0] > 0 and moved[1] > 0
+        assert (moved[2] > 0) == projection               # only the shared W reaches domain 2
+
+
+def test_soft_assignment_with_one_hot_probabilities_equals_hard_assignment():
+    plain = build("digits_cnn", (1, 12, 12), 10)
+    net = FedCGNet(plain, (1, 12, 12), 3, layers="conv", dc_width=4, dc_kernel=3, bottleneck=64)
+    net.reset_extras(0)
+    with torch.no_grad():
+        for _, m in net.domain_layers():
+            m.alpha.fill_(0.8)
+    net.eval()
+    x = torch.rand(9, 1, 12, 12)
+    ids = torch.tensor([0, 1, 2, 2, 1, 0, 0, 2, 1])
+    with net.assigned(ids):
+        hard = net(x)
+    with net.assigned(torch.nn.functional.one_hot(ids, 3).float()):
+        soft = net(x)
+    assert torch.allclose(hard, soft, atol=1e-5)
+    net.test_assignment = "hard"
+    student_hard = net(x)
+    with net.assigned(torch.nn.functional.one_hot(net.student(x).argmax(1), 3).float()):
+        assert torch.allclose(student_hard, net(x), atol=1e-5)
+    net.test_assignment = "soft"
+    assert not torch.allclose(net(x), student_hard, atol=1e-4)   # real probabilities do mix
+
+
+def test_gcn_output_is_precomputed_at_inference_and_refreshed_when_weights_change():
+    layer = _layer(K=3)
+    fm = FlatModel(layer)
+    with torch.no_grad():
+        first = layer.domain_parameters()
+        assert layer.domain_parameters() is first                  # cached
+        fm.load(fm.get() * 2)
+        second = layer.domain_parameters()
+    assert second is not first and torch.allclose(second, layer.gcn(layer.theta))
+
+
+def test_a_too_large_projection_asks_for_a_bottleneck():
+    with pytest.raises(ValueError, match="bottleneck"):
+        DomainLayer(nn.Linear(12000, 1), 2)
+    small = DomainLayer(nn.Linear(12000, 1), 2, bottleneck=64)
+    assert [tuple(w.shape) for w in small.weights] == [(12001, 188), (188, 12001)]
+
+
+def _copy(m):
+    import copy
+
+    return copy.deepcopy(m)
+
+
+# ------------------------------------------------------------------------------- the algorithm
+@pytest.fixture(scope="module")
+def domains_store(tmp_path_factory):
+    return prepare("digits_domains", tmp_path_factory.mktemp("data") / "dd", clients=8, seed=0)
+
+
+def _algo(store, rounds=2, **params):
+    from mcfl.algorithms import get
+    from mcfl.federation import build_federation
+
+    run = make_run("digits_domains", "FedCG", dict(K=3, dc_width=4, dc_kernel=3, bottleneck=64, **params),
+                   rounds=rounds, clients_per_round=4, model={"name": "digits_cnn"})
+    fed = build_federation(load(store), run["model"], run["train"], 0)
+    cls = get("FedCG")
+    return cls(fed, cls.Params(**run["params"])), fed
+
+
+def test_backbone_starts_from_the_same_weights_as_every_other_method(domains_store):
+    algo, fed = _algo(domains_store)
+    state = algo.init()
+    algo.flat.load(state.w)
+    plain = dict(fed.model.module.named_parameters())
+    for name, p in algo.net.backbone.named_parameters():
+        key = name.replace(".base.", ".")
+        if key in plain:
+            assert torch.equal(p, plain[key]), name
+    assert fed.model.size < algo.flat.size
+
+
+def test_teacher_takes_the_student_every_R_rounds_and_adjacency_follows_the_parameters(domains_store):
+    algo, fed = _algo(domains_store, teacher_every=2, calibrate_teacher=False)
+    s0 = algo.init()
+    assert torch.equal(s0.w[algo.layers[0][3]].view(3, 3), torch.eye(3))          # eye init
+    s1, d1 = algo.round(s0, fed.clients(1), 1)
+    assert torch.equal(s1.w[algo.teacher_sl], s0.w[algo.teacher_sl])             # fixed in between
+    assert not torch.equal(s1.w[algo.student_sl], s0.w[algo.student_sl])
+    assert torch.equal(s1.w[algo.layers[0][3]].view(3, 3), torch.eye(3))
+    s2, d2 = algo.round(s1, fed.clients(2), 2)
+    assert torch.equal(s2.w[algo.teacher_sl], s2.w[algo.student_sl])             # round R
+    _, _, theta, adj = algo.layers[0]
+    expected = distance_adjacency(s2.w[theta].view(3, -1), algo.p.self_weight)
+    assert torch.allclose(s2.w[adj].view(3, 3), expected)
+    assert {"train_loss", "cls_loss", "domain_loss", "domain_entropy", "alpha_3"} <= set(d2)
+
+
+def test_calibrated_teacher_spreads_pseudo_labels_over_the_domains(domains_store):
+    algo, fed = _algo(domains_store)
+    shares = []
+    for calibrate in (False, True):
+        algo.p.calibrate_teacher = calibrate
+        w = algo.init().w
+        algo.flat.load(w)
+        x = fed.dev.inputs(torch.arange(int(fed.dev.offsets["train"][-1])))
+        with torch.no_grad():
+            shares.append(torch.bincount(algo.net.teacher(x).argmax(1), minlength=3).float() / len(x))
+    assert shares[1].max() < 0.6 and shares[1].min() > 0.1
+    assert shares[0].max() > shares[1].max()
+
+
+def test_oracle_and_kmeans_clustering_feed_their_domains(domains_store):
+    algo, fed = _algo(domains_store, clustering="oracle")
+    state = algo.init()
+    rows = torch.arange(10)
+    assert torch.equal(algo._targets(algo.net, fed.dev.inputs(rows), rows),
+                       torch.from_numpy(np.array(fed.data.domain_train[:10])))
+    ext = algo._external(torch.arange(int(fed.dev.offsets["test"][-1])), "source")
+    dom = np.asarray(fed.data.domain_test)
+    assert torch.equal(ext[dom == 3], torch.full(((dom == 3).sum(), 3), 1 / 3))   # unseen: uniform
+    assert torch.equal(ext[dom == 1].argmax(1), torch.ones((dom == 1).sum(), dtype=torch.long))
+    km, fed2 = _algo(domains_store, clustering="kmeans", restarts=2)
+    s = km.init()
+    assert s.client_cluster.min() >= 0 and s.client_cluster.max() < 3
+    assert np.array_equal(km.assignments(s), s.client_cluster.numpy())
+
+
+def test_oracle_needs_per_sample_domains(digits_store):
+    from mcfl.algorithms import get
+    from mcfl.federation import build_federation
+
+    run = make_run("digits", "FedCG", {"K": 2, "clustering": "oracle"})
+    fed = build_federation(load(digits_store), run["model"], run["train"], 0)
+    with pytest.raises(ValueError, match="per-sample domains"):
+        get("FedCG")(fed, get("FedCG").Params(**run["params"]))
+
+
+def test_bad_params_name_the_key():
+    from mcfl.algorithms.fedcg import Params
+
+    with pytest.raises(ValueError, match="clustering must be one of"):
+        Params(clustering="spectral")
+    with pytest.raises(ValueError, match="self_weight"):
+        Params(self_weight=1.5)
+
+
+def test_runner_reports_soft_hard_and_unseen_domain_accuracy(domains_store, tmp_path):
+    from mcfl.runner import train
+
+    run = make_run("digits_domains", "FedCG", dict(K=3, dc_width=4, dc_kernel=3, bottleneck=64,
+                                                    teacher_every=1), rounds=2, clients_per_round=4,
+                   model={"name": "digits_cnn"})
+    res = train(run, domains_store, tmp_path / "out", progress=False)
+    f = res["final"]
+    for key in ("micro_acc", "soft_acc", "hard_acc", "acc_unseen", "soft_acc_unseen",
+                "hard_acc_unseen", "acc_dom0", "domain_nmi", "alpha_3", "ari"):
+        assert key in f, key
+    assert f["micro_acc"] == pytest.approx(f["soft_acc"])           # default test assignment: soft
+    again = train(run, domains_store, tmp_path / "again", progress=False)
+    assert again["final"] == f                                       # seeded: bitwise repeatable

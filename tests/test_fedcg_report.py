@@ -1,0 +1,43 @@
+"""FedCG's Tables 3-5 from run files."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from mcfl.algorithms.fedcg import Params
+from mcfl.report.fedcg import write_fedcg_report
+
+
+def _run(tmp_path, name, seed, method="FedCG", acc=0.5, **params):
+    d = tmp_path / f"{name}-{seed}"
+    d.mkdir()
+    p = {**Params().__dict__, **params} if method == "FedCG" else {}
+    final = {"micro_acc": acc, "soft_acc": acc, "hard_acc": acc - 0.1, "acc_seen": acc + 0.1,
+             "acc_unseen": acc - 0.2, "soft_acc_unseen": acc - 0.2, "hard_acc_unseen": acc - 0.3}
+    (d / "metrics.json").write_text(json.dumps({"dataset": "dd", "method": method, "label": name,
+                                                "seed": seed, "params": p, "final": final}))
+    return d
+
+
+def test_tables_group_runs_by_their_hyperparameters(tmp_path):
+    runs = [_run(tmp_path, "FedAvg", s, method="FedAvg", acc=0.6 + 0.02 * s) for s in (0, 1)]
+    runs += [_run(tmp_path, "FedCG(3)", s, acc=0.7, K=3) for s in (0, 1)]
+    runs += [_run(tmp_path, "GCN-H(32)", 0, acc=0.4, K=32, clustering="oracle", agnostic=False,
+                  adjacency="hamming", projection=False, relu=False)]
+    runs += [_run(tmp_path, "KM(2)", 0, acc=0.3, K=2, clustering="kmeans", test_assignment="source")]
+    ts = write_fedcg_report(runs, tmp_path / "out")
+    t3, t4, t5 = ts["table3"], ts["table4"], ts["table5"]
+    assert t3[["Model", "A", "W", "ReLU"]].values.tolist() == [["GCN", "H", "✗", "✗"]]
+    assert t3["acc_mean"].tolist() == [40.0]
+    assert t4["Clusters"].tolist() == ["Clf", "K-means"] and t4["K"].tolist() == [3, 2]
+    fedcg = t4[t4["label"] == "FedCG(3)"].iloc[0]
+    assert fedcg["n_seeds"] == 2 and fedcg["soft_acc_mean"] == 70.0 and fedcg["hard_acc_mean"] == 60.0
+    assert fedcg["soft_unseen_mean"] == pytest.approx(50.0) and fedcg["A init"] == "eye"
+    avg = t5[t5["label"] == "FedAvg"].iloc[0]
+    assert avg["acc_mean"] == pytest.approx(61.0) and round(avg["acc_std"], 4) == round(pd.Series([60.0, 62.0]).std(), 4)
+    assert avg["unseen_mean"] == pytest.approx(41.0)
+    assert set(t5["label"]) == {"FedAvg", "FedCG(3)", "GCN-H(32)", "KM(2)"}
+    md = (tmp_path / "out" / "tables.md").read_text()
+    assert "Table 3" in md and "70.00" in md and "61.00 ± 1.41" in md
+    assert pd.read_csv(tmp_path / "out" / "table4.csv").shape[0] == 2

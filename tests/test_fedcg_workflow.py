@@ -1,0 +1,40 @@
+"""The DAG builds FedCG's tables when the config has a FedCG run (and only then)."""
+
+import pandas as pd
+import pytest
+
+from test_workflow import job_counts, snakemake, write_config
+
+pytestmark = pytest.mark.slow
+
+TINY = {
+    "experiment": "fedcg-wf-test",
+    "seeds": [0],
+    "tracking": False,
+    "datasets": {"dd": {
+        "prepare": {"source": "digits_domains", "clients": 8, "angles": [0, 90], "unseen": [45], "seed": 0},
+        "model": {"name": "digits_cnn"},
+        "train": {"rounds": 2, "lr": 0.1, "eval_every": 1, "clients_per_round": 4},
+    }},
+    "methods": [{"method": "FedAvg"},
+                {"method": "FedCG", "K": [2], "bottleneck": 64, "dc_width": 4, "teacher_every": 1},
+                {"method": "FedCG", "name": "Oracle", "K": [2], "clustering": "oracle",
+                 "agnostic": False, "adjacency": "hamming", "bottleneck": 64, "dc_width": 4}],
+}
+
+
+def test_fedcg_tables_are_built_from_the_runs(tmp_path, cli_env):
+    write_config(tmp_path, TINY)
+    r = snakemake(tmp_path, cli_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "results" / "fedcg"
+    t3, t4, t5 = (pd.read_csv(out / f"table{i}.csv") for i in (3, 4, 5))
+    assert t3["label"].tolist() == ["Oracle(2)"] and t3["A"].tolist() == ["H"]
+    assert t4["label"].tolist() == ["FedCG(2)"] and {"soft_acc_mean", "hard_unseen_mean"} <= set(t4)
+    assert t5["label"].tolist() == ["FedAvg", "FedCG(2)", "Oracle(2)"] and t5["unseen_mean"].notna().all()
+    assert "Table 4" in (out / "tables.md").read_text()
+
+    without = dict(TINY, methods=[{"method": "FedAvg"}])
+    write_config(tmp_path, without)
+    dry = snakemake(tmp_path, cli_env, "-n", "--forceall")
+    assert "fedcg_tables" not in job_counts(dry.stdout)

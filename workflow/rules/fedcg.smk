@@ -1,0 +1,25 @@
+# FedCG's tables (Caldarola et al. 2021, Tables 3-5) from the FedAvg and FedCG runs of every dataset
+# that has a FedCG run. Nothing is added when the config has no FedCG entry.
+
+FEDCG_DATASETS = sorted({r["dataset"] for r in RUNS.values() if r["method"] == "FedCG"})
+FEDCG_RUNS = [RUN_DIR.format(dataset=d, run=r, seed=s) for (d, r, s), run in RUNS.items()
+              if d in FEDCG_DATASETS and run["method"] in ("FedCG", "FedAvg")]
+
+if FEDCG_RUNS:
+
+    rule fedcg_tables:
+        input:
+            [d + "/metrics.json" for d in FEDCG_RUNS],
+        output:
+            table3=report(RES + "/fedcg/table3.csv", caption="../report/fedcg_table3.rst", category="FedCG"),
+            table4=report(RES + "/fedcg/table4.csv", caption="../report/fedcg_table4.rst", category="FedCG"),
+            table5=report(RES + "/fedcg/table5.csv", caption="../report/fedcg_table5.rst", category="FedCG"),
+            markdown=RES + "/fedcg/tables.md",
+        log:
+            "logs/fedcg_tables.log",
+        params:
+            runs=lambda w, input: " ".join(os.path.dirname(f) for f in input),
+        shell:
+            "mcfl report-fedcg --out {RES}/fedcg {params.runs} > {log} 2>&1"
+
+    EXTRA_TARGETS += list(rules.fedcg_tables.output)
