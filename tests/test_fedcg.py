@@ -222,9 +222,9 @@ def test_oracle_and_kmeans_clustering_feed_their_domains(domains_store):
     algo, fed = _algo(domains_store, clustering="oracle")
     state = algo.init()
     rows = torch.arange(10)
-    assert torch.equal(algo._targets(algo.net, fed.dev.inputs(rows), rows),
+    assert torch.equal(algo._targets(algo.net, fed.dev.inputs(rows), rows, state.client_cluster),
                        torch.from_numpy(np.array(fed.data.domain_train[:10])))
-    ext = algo._external(torch.arange(int(fed.dev.offsets["test"][-1])), "source")
+    ext = algo._external(torch.arange(int(fed.dev.offsets["test"][-1])), "source", state)
     dom = np.asarray(fed.data.domain_test)
     assert torch.equal(ext[dom == 3], torch.full(((dom == 3).sum(), 3), 1 / 3))   # unseen: uniform
     assert torch.equal(ext[dom == 1].argmax(1), torch.ones((dom == 1).sum(), dtype=torch.long))
@@ -232,6 +232,9 @@ def test_oracle_and_kmeans_clustering_feed_their_domains(domains_store):
     s = km.init()
     assert s.client_cluster.min() >= 0 and s.client_cluster.max() < 3
     assert np.array_equal(km.assignments(s), s.client_cluster.numpy())
+    rows = torch.arange(int(fed2.dev.offsets["train"][-1]))
+    per_row = s.client_cluster[torch.from_numpy(np.repeat(np.arange(fed2.n_clients), fed2.dev.n_train))]
+    assert torch.equal(km._targets(km.net, fed2.dev.inputs(rows), rows, s.client_cluster), per_row)
 
 
 def test_oracle_needs_per_sample_domains(digits_store):

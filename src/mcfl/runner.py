@@ -71,7 +71,7 @@ def evaluate(algo: algorithms.Algorithm, state, fed: Federation, *, finetune_epo
         for wg, mg in groups:
             rows = np.concatenate([np.arange(off[c], off[c + 1]) for c in mg])
             rows_t = torch.from_numpy(rows).to(fed.device)
-            p, l = algo.predict(wg, rows_t)
+            p, l = algo.predict(wg, rows_t, state)
             all_rows.append(rows)
             owners.append(np.repeat(mg, fed.dev.n_test[mg]))
             truths.append(fed.dev.y["test"][rows_t].cpu().numpy())

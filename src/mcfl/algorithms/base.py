@@ -77,9 +77,10 @@ class Algorithm:
         """Cluster id per client for clustered methods (for ARI/NMI and the artifacts)."""
         return None
 
-    def predict(self, w: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict(self, w: torch.Tensor, rows: torch.Tensor, state=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Predicted labels and per-sample losses of weights ``w`` on test ``rows`` (the engine's
-        ``predict``; a method whose model needs per-sample side information overrides this)."""
+        ``predict``; a method whose model needs per-sample side information from ``state``
+        overrides this)."""
         return self.fed.trainer.predict(w, rows)
 
     def extra_metrics(self, state) -> dict[str, float]:

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -158,8 +159,6 @@ class FedCG(Algorithm):
         self.domains = self._oracle_domains() if p.clustering == "oracle" else None
         self._row_client = {s: torch.from_numpy(np.repeat(np.arange(fed.n_clients), n)).to(fed.device)
                             for s, n in (("train", fed.dev.n_train), ("test", fed.dev.n_test))}
-        self._cluster: torch.Tensor | None = None
-        self._stats = torch.zeros(2 + p.K, device=fed.device)
 
     def _oracle_domains(self) -> dict[str, torch.Tensor]:
         d = self.fed.data
@@ -215,35 +214,39 @@ class FedCG(Algorithm):
         return self.flat.get()
 
     # -- one round -------------------------------------------------------------------------------
-    def _targets(self, module: FedCGNet, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def _targets(self, module: FedCGNet, x: torch.Tensor, rows: torch.Tensor,
+                 cluster: torch.Tensor) -> torch.Tensor:
         """The training-time hard domain of each sample: teacher pseudo-label, k-means cluster of
-        its client, or oracle domain."""
+        its client (``cluster``: the state's client_cluster), or oracle domain."""
         if self.p.clustering == "oracle":
             return self.domains["train"][rows]
         if self.p.clustering == "kmeans":
-            return self._cluster[self._row_client["train"][rows]]
+            return cluster[self._row_client["train"][rows]]
         with torch.no_grad():
             return module.teacher(x).argmax(1)
 
-    def local_loss(self, module: FedCGNet, x, y, rows) -> torch.Tensor:
-        """CE(f(x; onehot(y^)), y) + c * CE(g_s(x), y^) (Eqs. 1, 3, 4 with hard assignment)."""
-        target = self._targets(module, x, rows)
+    def local_loss(self, module: FedCGNet, x, y, rows, *, cluster: torch.Tensor,
+                   stats: torch.Tensor) -> torch.Tensor:
+        """CE(f(x; onehot(y^)), y) + c * CE(g_s(x), y^) (Eqs. 1, 3, 4 with hard assignment).
+        ``stats`` (this round's running sums, for the diagnostics) is updated in place."""
+        target = self._targets(module, x, rows, cluster)
         with module.assigned(target):
             cls = F.cross_entropy(module(x), y)
         dom = F.cross_entropy(module.student(x), target)
         with torch.no_grad():
-            self._stats[0] += cls.detach() * len(y)
-            self._stats[1] += dom.detach() * len(y)
-            self._stats[2:] += torch.bincount(target, minlength=self.p.K)[: self.p.K].float()
+            stats[0] += cls.detach() * len(y)
+            stats[1] += dom.detach() * len(y)
+            stats[2:] += torch.bincount(target, minlength=self.p.K)[: self.p.K].float()
         return cls + self.c * dom
 
     def round(self, state: State, clients: np.ndarray, rnd: int):
         p = self.p
-        self._cluster = state.client_cluster.to(self.fed.device)
-        self._stats.zero_()
+        stats = torch.zeros(2 + p.K, device=self.fed.device)
+        loss = functools.partial(self.local_loss, cluster=state.client_cluster.to(self.fed.device),
+                                 stats=stats)
         acc = WeightedSum(1, state.w.numel(), state.w.device)
         losses = []
-        tasks = (Task(int(c), state.w, loss=self.local_loss) for c in clients)
+        tasks = (Task(int(c), state.w, loss=loss) for c in clients)
         for _, res in self.fed.trainer.run(tasks, rnd):                             # step 1
             acc.add(0, res.weights, res.n_samples)                                  # step 2 (Eq. 2)
             losses.append(res.loss)
@@ -259,26 +262,25 @@ class FedCG(Algorithm):
             for _, m, theta, adj in self.layers:
                 a = distance_adjacency(w[theta].view(p.K, -1), p.self_weight)
                 w[adj] = a.reshape(-1)
-        n = float(self._stats[2:].sum())
-        share = (self._stats[2:] / max(n, 1)).cpu().numpy()
+        n = float(stats[2:].sum())
+        share = (stats[2:] / max(n, 1)).cpu().numpy()
         ent = -(share[share > 0] * np.log(share[share > 0])).sum() / math.log(p.K) if p.K > 1 else 1.0
-        diag = {"train_loss": float(np.mean(losses)), "cls_loss": float(self._stats[0]) / max(n, 1),
-                "domain_loss": float(self._stats[1]) / max(n, 1), "domain_entropy": float(ent)}
+        diag = {"train_loss": float(np.mean(losses)), "cls_loss": float(stats[0]) / max(n, 1),
+                "domain_loss": float(stats[1]) / max(n, 1), "domain_entropy": float(ent)}
         diag.update(self._alphas(w))
         return State(w, state.client_cluster), diag
 
     # -- evaluation ------------------------------------------------------------------------------
     def eval_models(self, state: State):
-        self._cluster = state.client_cluster.to(self.fed.device)       # for predict()
         yield state.w, np.arange(self.fed.n_clients)
 
-    def _external(self, rows: torch.Tensor, mode: str) -> torch.Tensor | None:
+    def _external(self, rows: torch.Tensor, mode: str, state: State) -> torch.Tensor | None:
         """The test-time assignment of ``rows`` when it does not come from the network itself."""
         if mode != "source" or self.p.clustering == "classifier":
             return None
         K = self.p.K
         if self.p.clustering == "kmeans":
-            ids = self._cluster[self._row_client["test"][rows]]
+            ids = state.client_cluster.to(rows.device)[self._row_client["test"][rows]]
         else:
             ids = self.domains["test"][rows]
         out = torch.full((len(rows), K), 1.0 / K, device=rows.device)   # unseen oracle domains: uniform
@@ -286,12 +288,12 @@ class FedCG(Algorithm):
         out[known] = F.one_hot(ids[known], K).float()
         return out
 
-    def _predict(self, w: torch.Tensor, rows: torch.Tensor, mode: str, chunk: int = 4096):
+    def _predict(self, w: torch.Tensor, rows: torch.Tensor, mode: str, state: State, chunk: int = 4096):
         self.net.test_assignment = {"source": "teacher"}.get(mode, mode)
         preds, losses = [], []
         for i in range(0, len(rows), chunk):
             r = rows[i:i + chunk]
-            ext = self._external(r, mode)
+            ext = self._external(r, mode, state)
             if ext is None:
                 p, l = self.fed.trainer.predict(w, r, chunk=chunk)
             else:
@@ -302,19 +304,18 @@ class FedCG(Algorithm):
         self.net.test_assignment = "soft"
         return torch.cat(preds), torch.cat(losses)
 
-    def predict(self, w, rows):
-        return self._predict(w, rows, self.p.test_assignment)
+    def predict(self, w, rows, state=None):
+        return self._predict(w, rows, self.p.test_assignment, state)
 
     def extra_metrics(self, state: State) -> dict[str, float]:
         """Soft and hard test assignment side by side, alpha per layer, and clustering quality."""
         fed = self.fed
-        self._cluster = state.client_cluster.to(fed.device)
         rows = torch.arange(int(fed.dev.offsets["test"][-1]), device=fed.device)
         owner = self._row_client["test"].cpu().numpy()
         truth = fed.dev.y["test"].cpu().numpy()
         out = {}
         for mode in ("soft", "hard"):
-            pred = self._predict(state.w, rows, mode)[0].cpu().numpy()
+            pred = self._predict(state.w, rows, mode, state)[0].cpu().numpy()
             s = summarize(per_client_scores(owner, truth, pred, fed.n_clients, fed.dev.n_classes))
             out[f"{mode}_acc"] = s["micro_acc"]
             if fed.data.domain_test is not None:

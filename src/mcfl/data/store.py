@@ -163,7 +163,7 @@ def write_store(out: str | Path, clients: Sequence[ClientData], *, n_classes: in
     has_domains = [c.domain_train is not None and c.domain_test is not None for c in clients]
     if any(has_domains):
         if not all(has_domains):
-            bad = ids[has_domains.index(False)]
+            bad = str(clients[has_domains.index(False)].id)
             raise StoreError(f"{out}: client {bad!r} has no domain_train/domain_test but others do")
         for split in ("train", "test"):
             arrays[f"domain_{split}"] = np.concatenate(
@@ -312,9 +312,9 @@ def load(path: str | Path, *, verify: bool = False, mmap: bool = True) -> Federa
         except ValueError as e:
             raise StoreError(f"{f}: unreadable ({e})") from e
     for split in ("train", "test"):
-        dom = getattr(d, f"domain_{split}")
-        if dom is not None and dom.shape != (len(getattr(d, f"y_{split}")),):
-            raise StoreError(f"{d.path}/domain_{split}.npy: expected one domain id per {split} "
-                             f"sample ({len(getattr(d, f'y_{split}'))}), found shape {dom.shape}")
+        dom, n = arrays.get(f"domain_{split}"), len(arrays[f"y_{split}"])
+        if dom is not None and dom.shape != (n,):
+            raise StoreError(f"{path}/domain_{split}.npy: expected one domain id per {split} "
+                             f"sample ({n}), found shape {dom.shape}")
     check_arrays(path, arrays, meta, finite=verify)
     return FederatedData(path=path, meta=meta, client_ids=list(meta["client_ids"]), **arrays)
