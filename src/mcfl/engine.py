@@ -146,6 +146,27 @@ class LocalSpec:
     steps: int | None = None
 
 
+def n_steps(n: int, spec: LocalSpec) -> int:
+    """Local SGD steps of a client with ``n`` training samples (0 if it has none)."""
+    if n == 0:
+        return 0
+    return spec.steps if spec.steps is not None else spec.epochs * math.ceil(n / spec.batch_size)
+
+
+def batch_plan(n: int, spec: LocalSpec, g: torch.Generator) -> torch.Tensor:
+    """LEAF's ``batch_data`` for one local update, as a ``(steps, batch_size)`` int64 matrix of row
+    indices in ``0..n-1``: each epoch shuffles the n rows (one ``randperm`` from ``g``) and cuts
+    consecutive batches, the last one short (padded with -1); ``spec.steps`` steps, if set, run
+    over as many epochs as needed. Both executors train from this plan, hence the same batches."""
+    B, total = spec.batch_size, n_steps(n, spec)
+    per_epoch = math.ceil(n / B)
+    epochs = math.ceil(total / per_epoch) if total else 0
+    out = torch.full((epochs, per_epoch * B), -1, dtype=torch.long)
+    for e in range(epochs):
+        out[e, :n] = torch.randperm(n, generator=g)
+    return out.view(epochs * per_epoch, B)[:total]
+
+
 @dataclass
 class Task:
     """One client's local update: start from ``start``; optional proximal anchor/mu and linear term."""
@@ -172,23 +193,18 @@ class LocalTrainer:
         self.model, self.data, self.spec, self.seed = model, data, spec, int(seed)
 
     # -- batching -------------------------------------------------------------------------------
+    def plan(self, client: int, rnd: int, purpose: int = 0, spec: LocalSpec | None = None) -> torch.Tensor:
+        """The client's :func:`batch_plan` for this (round, purpose), as global row indices (-1 = pad)."""
+        spec = spec or self.spec
+        g = generator(self.seed, rnd, client, purpose)
+        rows = batch_plan(int(self.data.n_train[client]), spec, g)
+        return torch.where(rows >= 0, rows + int(self.data.offsets["train"][client]), rows)
+
     def batches(self, client: int, rnd: int, purpose: int = 0,
                 spec: LocalSpec | None = None) -> Iterator[torch.Tensor]:
         """Row indices of each minibatch of one local update (LEAF's ``batch_data`` semantics)."""
-        spec = spec or self.spec
-        n = int(self.data.n_train[client])
-        start = int(self.data.offsets["train"][client])
-        g = generator(self.seed, rnd, client, purpose)
-        per_epoch = math.ceil(n / spec.batch_size)
-        total = spec.steps if spec.steps is not None else spec.epochs * per_epoch
-        done = 0
-        while done < total:
-            perm = torch.randperm(n, generator=g) + start
-            for b in range(per_epoch):
-                if done == total:
-                    break
-                yield perm[b * spec.batch_size:(b + 1) * spec.batch_size].to(self.data.device)
-                done += 1
+        for rows in self.plan(client, rnd, purpose, spec):
+            yield rows[rows >= 0].to(self.data.device)
 
     # -- one client -----------------------------------------------------------------------------
     def train(self, task: Task, rnd: int, purpose: int = 0, spec: LocalSpec | None = None) -> LocalResult:
