@@ -99,7 +99,8 @@ def _cmd_init_centres(a) -> int:
     params = algorithms.get(run["method"]).Params(**run["params"])
     fed = _federation_for(run, a.store, a.device, a.threads)
     c = init_centres(fed, params.K, restarts=params.restarts, distance=params.distance,
-                     weighted=params.mstep == "weighted", method=params.init)
+                     weighted=params.mstep == "weighted", method=params.init,
+                     projection=getattr(params, "init_projection", None))
     save_centres(c, a.out)
     sizes = [int((c.assign == k).sum()) for k in range(params.K)]
     print(f"{a.out}: K={params.K}, cluster sizes {sizes}, intra-cluster distance {c.inertia:.4g}")

@@ -91,6 +91,10 @@ class FlatModel:
             mod = getattr(mod, part)
         return mod, attr
 
+    def param_views(self, vec: torch.Tensor) -> list[torch.Tensor]:
+        """Views of a flat vector's parameter part shaped like the parameters, in their order."""
+        return [vec[self.slices[n]].view_as(p) for n, p in self.module.named_parameters()]
+
     def load(self, w: torch.Tensor) -> None:
         self.flat.copy_(w)
 
@@ -209,28 +213,33 @@ class LocalTrainer:
     # -- one client -----------------------------------------------------------------------------
     def train(self, task: Task, rnd: int, purpose: int = 0, spec: LocalSpec | None = None) -> LocalResult:
         spec = spec or self.spec
-        m, P = self.model, self.model.n_params
+        m = self.model
         m.load(task.start)
         m.module.train()
-        w = m.flat[:P]
+        # Per-tensor views of w, the anchor and the linear term; the gradient comes straight from
+        # autograd (no zeroing and accumulating into a gradient buffer: for a 6.6M-parameter model
+        # that is three extra passes over 26 MB per step), then one fused multi-tensor update.
+        w = list(m.module.parameters())
+        anchor = m.param_views(task.anchor) if task.mu else None
+        linear = m.param_views(task.linear) if task.linear is not None else None
         loss_sum = torch.zeros((), device=m.device)
         steps = 0
         for rows in self.batches(task.client, rnd, purpose, spec):
-            m.grad.zero_()
             loss = F.cross_entropy(m.module(self.data.inputs(rows)), self.data.y["train"][rows])
-            loss.backward()
+            g = torch.autograd.grad(loss, w)
             with torch.no_grad():
-                g = m.grad
-                if task.mu:
-                    g.add_(w - task.anchor[:P], alpha=task.mu)
-                if task.linear is not None:
-                    g.add_(task.linear)
-                w.add_(g, alpha=-spec.lr)
+                if task.mu:                                       # g += mu (w - anchor)
+                    torch._foreach_add_(g, torch._foreach_sub(w, anchor), alpha=task.mu)
+                if linear is not None:                            # g += linear
+                    torch._foreach_add_(g, linear)
+                torch._foreach_add_(w, g, alpha=-spec.lr)         # w -= lr g
             loss_sum += loss.detach()
             steps += 1
         out = m.get()
         mean_loss = float(loss_sum) / max(steps, 1)
-        if not math.isfinite(mean_loss) or not bool(torch.isfinite(out).all()):
+        # A sum is finite iff every entry is (or weights near 1e38/|W|: diverged anyway); one pass
+        # over the weights instead of isfinite's four.
+        if not math.isfinite(mean_loss) or not math.isfinite(float(out.sum())):
             raise DivergenceError(f"round {rnd}, client {task.client}: local training diverged "
                                   f"(mean loss {mean_loss}); lower the learning rate")
         return LocalResult(out, mean_loss, int(self.data.n_train[task.client]), steps)

@@ -136,7 +136,7 @@ class BatchedTrainer(LocalTrainer):
             loss_sum += loss * active[s]
         n_done = active.sum(0).cpu()
         mean_loss = (loss_sum.cpu() / n_done.clamp(min=1)).tolist()
-        finite = torch.isfinite(w).all(1).cpu()
+        finite = torch.isfinite(w.sum(1)).cpu()                   # one pass (see LocalTrainer.train)
         out = []
         for i, t in enumerate(tasks):
             if not math.isfinite(mean_loss[i]) or not bool(finite[i]):
