@@ -20,10 +20,9 @@ random projection of the selected coordinates when the m x d float32 matrix woul
 ``u = (w - w0)[sel]`` is mapped, as it arrives, to ``S u`` in ``R^k`` (default k = 2048) by a
 CountSketch (a sparse JL transform with one nonzero per column: coordinate j adds ``sign(j)·u_j``
 to bucket ``h(j)``; Weinberger et al. 2009; Kane & Nelson 2014), with ``h`` and the signs drawn from
-the run's seed. ``E||S u||^2 = ||u||^2``, and for updates spread over many coordinates the relative
+the run's seed (int32 buckets and float signs: 8 bytes per coordinate). ``E||S u||^2 = ||u||^2``, and for updates spread over many coordinates the relative
 error of a squared distance has standard deviation about ``sqrt(2/k)`` (3% at k = 2048);
-``benchmarks/projection.py`` measures it. One pass over the coordinates per client and 2 x d small
-ints of state: a dense Gaussian or sklearn's ``SparseRandomProjection`` (k·sqrt(d) nonzeros: 850 MB
+``benchmarks/projection.py`` measures it. One pass over the coordinates per client: a dense Gaussian or sklearn's ``SparseRandomProjection`` (k·sqrt(d) nonzeros: 850 MB
 and 0.13 s per FEMNIST model on one core) cost far more for the same guarantee. Distances in
 the projected space replace the exact ones only for choosing the partition; the centres are then
 the means of the members' full models, so the projection never enters the centres themselves.
@@ -70,8 +69,8 @@ class CountSketch:
     def __init__(self, d: int, k: int, seed: int, device: torch.device | str = "cpu"):
         g = torch.Generator().manual_seed(seed)
         self.k = int(k)
-        self.bucket = torch.randint(self.k, (d,), generator=g).to(device)
-        self.sign = (torch.randint(2, (d,), generator=g, dtype=torch.int8) * 2 - 1).to(device)
+        self.bucket = torch.randint(self.k, (d,), generator=g).to(device=device, dtype=torch.int32)
+        self.sign = (torch.randint(2, (d,), generator=g) * 2 - 1).to(device=device, dtype=torch.float32)
 
     def __call__(self, u: torch.Tensor) -> torch.Tensor:
         """Project a vector ``u`` (d,) or the rows of a matrix (n, d)."""
@@ -98,7 +97,7 @@ def first_local_models(fed: Federation):
 
 def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str = "all",
                  weighted: bool = False, method: str = "kmeans", projection: int | None = None,
-                 keep_bytes: int = 1 << 30) -> Centres:
+                 keep_bytes: int = 256 << 20) -> Centres:
     """Initial centres from the clients' first local models (see the module docstring);
     ``projection``: None = automatic, 0 = exact coordinates, k = a k-dimensional CountSketch."""
     from sklearn.cluster import KMeans

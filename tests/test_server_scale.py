@@ -1,21 +1,33 @@
-"""The k-means initialisation's random projection (CountSketch JL transform): its definition by hand,
-unbiased squared norms with the JL spread, when it is used, and that clustering on it finds the exact
-partition (hence the exact centres) on digits."""
+"""Server-side pieces that keep FeSEM's memory O(K·|W|): the E-step distances computed in blocks,
+and the k-means initialisation's random projection (CountSketch JL transform): its definition by
+hand, unbiased squared norms with the JL spread, when it is used, and that clustering on it finds
+the exact partition (hence the exact centres) on digits."""
 
 import numpy as np
 import pytest
 import torch
 
+from mcfl.aggregate import sq_distances
 from mcfl.cluster import init as cinit
 from mcfl.cluster.init import CountSketch, init_centres, projection_dim
 from mcfl.data import load
 from mcfl.federation import build_federation
 
 
+def test_blocked_sq_distances_equal_the_direct_formula():
+    g = torch.Generator().manual_seed(0)
+    centres, w = torch.randn(3, 1000, generator=g), torch.randn(1000, generator=g)
+    sel = slice(10, 990)
+    exact = ((centres[:, sel].double() - w[sel].double()) ** 2).sum(1)
+    for block in (7, 300, 1 << 20):                      # ragged last block, several, one
+        d = sq_distances(w, centres, sel, block=block)
+        assert d.dtype == torch.float32 and torch.allclose(d.double(), exact, rtol=1e-6)
+
+
 def test_countsketch_by_hand():
     cs = CountSketch(5, 3, seed=0)
-    cs.bucket = torch.tensor([0, 2, 0, 1, 2])
-    cs.sign = torch.tensor([1, -1, -1, 1, 1], dtype=torch.int8)
+    cs.bucket = torch.tensor([0, 2, 0, 1, 2], dtype=torch.int32)
+    cs.sign = torch.tensor([1.0, -1, -1, 1, 1])
     u = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
     # bucket 0: +1·1 - 1·3, bucket 1: +1·4, bucket 2: -1·2 + 1·5
     assert torch.equal(cs(u), torch.tensor([-2.0, 4.0, 3.0]))
