@@ -72,3 +72,17 @@ def test_fesem_init_projection_is_validated():
     assert Params(init_projection=512).init_projection == 512
     with pytest.raises(ValueError, match="init_projection"):
         Params(init_projection=-3)
+
+
+def test_nofed_refuses_to_start_when_its_m_models_do_not_fit(digits_store, monkeypatch):
+    from mcfl.algorithms import nofed
+
+    fed = build_federation(load(digits_store), {"name": "digits_cnn"},
+                           {"lr": 0.1, "batch_size": 5, "local_epochs": 1, "rounds": 1}, seed=0)
+    need = fed.n_clients * fed.model.size * 4
+    monkeypatch.setattr(nofed, "available_memory", lambda device: need - 1)
+    with pytest.raises(MemoryError, match=r"NoFed keeps one model per client: 16 x"):
+        nofed.NoFed(fed, nofed.NoFed.Params()).init()
+    monkeypatch.setattr(nofed, "available_memory", lambda device: need)
+    state = nofed.NoFed(fed, nofed.NoFed.Params()).init()
+    assert state.local.shape == (16, fed.model.size)

@@ -9,11 +9,11 @@ interface (``run(tasks, rnd)`` yields ``(task, LocalResult)`` one at a time; ``t
   a ``(C, |W|)`` matrix and one step of all C clients is one call of
   ``vmap(grad(loss))`` (``torch.func``) over the stack, so the per-operation cost (Python, kernel
   launch) is paid once per chunk instead of once per client. Clients have different data sizes and
-  hence numbers of steps: the chunk runs ``max_i steps_i`` steps over a ``(steps, C, batch)`` index
-  plan padded with masked rows; client i's loss at a step is the mean over its *real* rows only,
-  and a client whose steps are over (or whose batch is empty) gets no update at all, proximal and
-  linear terms included. Tasks are grouped into chunks by their number of steps (longest first) to
-  keep padding small, and results are yielded chunk by chunk as views of the chunk's stacked
+  hence numbers of steps: tasks are sorted by their number of steps (longest first) and cut into
+  chunks; at step s of a chunk only the clients that still have a step s train (a prefix of the
+  chunk, so the work is the clients' total number of steps, not chunk x longest); the short last
+  batch of an epoch is padded with masked rows and a client's loss is the mean over its *real*
+  rows only. Results are yielded chunk by chunk as views of the chunk's stacked
   weights: at most ``chunk`` local models are alive at once (O(chunk·|W|) device memory; a caller
   that keeps a result beyond the next one should copy it), which is what makes it a GPU executor.
 
@@ -103,45 +103,49 @@ class BatchedTrainer(LocalTrainer):
             yield from zip(chunk, self._train_chunk(chunk, rnd))
 
     def _train_chunk(self, tasks: list[Task], rnd: int) -> list[LocalResult]:
-        m, spec, dev, P = self.model, self.spec, self.data.device, self.model.n_params
-        C = len(tasks)
+        """Train ``tasks`` (sorted by number of steps, longest first) together. At step s the
+        clients still training are a prefix ``[:n_s]`` of the chunk, so each step works on views
+        ``w[:n_s]`` (no work for finished clients); rows past the end of a short last batch are
+        padding, masked out of the loss."""
+        spec, dev, P, B = self.spec, self.data.device, self.model.n_params, self.spec.batch_size
         plans = [self.plan(t.client, rnd) for t in tasks]
-        S = max(len(p) for p in plans)
-        rows = torch.full((S, C, spec.batch_size), -1, dtype=torch.long)
+        steps = torch.tensor([len(p) for p in plans])
+        if bool((steps[1:] > steps[:-1]).any()):
+            raise ValueError("_train_chunk needs its tasks sorted by number of steps, longest first")
+        rows = torch.full((int(steps[0]) if len(steps) else 0, len(tasks), B), -1, dtype=torch.long)
         for i, p in enumerate(plans):
             rows[:len(p), i] = p
         rows = rows.to(dev)
-        mask = rows >= 0
-        active = mask.any(2)                                       # (S, C): client i steps at s
+        mask = (rows >= 0).float()
         rows = rows.clamp(min=0)                                   # padded rows: any valid row, masked
+        active = [int((steps > s).sum()) for s in range(len(rows))]   # n_s
         w = torch.stack([t.start[:P] for t in tasks]).to(dev)     # (C, P)
-        mu = torch.tensor([float(t.mu) for t in tasks], device=dev)
-        prox = bool((mu != 0).any())
+        prox = any(t.mu for t in tasks)
+        mu = torch.tensor([float(t.mu) for t in tasks], device=dev)[:, None]
         anchor = torch.stack([(t.anchor if t.mu else t.start)[:P] for t in tasks]) if prox else None
         linear = None
         if any(t.linear is not None for t in tasks):
             linear = torch.stack([t.linear if t.linear is not None else torch.zeros(P, device=dev)
                                   for t in tasks])
-        loss_sum = torch.zeros(C, device=dev)
+        loss_sum = torch.zeros(len(tasks), device=dev)
         shape = self.data.x["train"].shape[1:]
-        for s in range(S):
-            x = self.data.inputs(rows[s].reshape(-1)).view(C, spec.batch_size, *shape)
-            y = self.data.y["train"][rows[s]]
-            g, loss = self._grad(w, x, y, mask[s].to(x.dtype))
-            if prox:
-                g.add_((w - anchor) * mu[:, None])
-            if linear is not None:
-                g.add_(linear)
-            w.sub_(g.mul_((spec.lr * active[s].to(g.dtype))[:, None]))
-            loss_sum += loss * active[s]
-        n_done = active.sum(0).cpu()
-        mean_loss = (loss_sum.cpu() / n_done.clamp(min=1)).tolist()
+        for s, n in enumerate(active):
+            ws, r = w[:n], rows[s, :n]
+            x = self.data.inputs(r.reshape(-1)).view(n, B, *shape)
+            g, loss = self._grad(ws, x, self.data.y["train"][r], mask[s, :n])
+            with torch.no_grad():
+                if prox:                                               # g += mu (w - anchor)
+                    g.addcmul_(ws - anchor[:n], mu[:n])
+                if linear is not None:                                 # g += linear
+                    g.add_(linear[:n])
+                ws.add_(g, alpha=-spec.lr)                             # w -= lr g
+            loss_sum[:n] += loss
+        mean_loss = (loss_sum.cpu() / steps.clamp(min=1)).tolist()
         finite = torch.isfinite(w.sum(1)).cpu()                   # one pass (see LocalTrainer.train)
         out = []
         for i, t in enumerate(tasks):
             if not math.isfinite(mean_loss[i]) or not bool(finite[i]):
                 raise DivergenceError(f"round {rnd}, client {t.client}: local training diverged "
                                       f"(mean loss {mean_loss[i]}); lower the learning rate")
-            out.append(LocalResult(w[i], mean_loss[i], int(self.data.n_train[t.client]),
-                                   int(n_done[i])))
+            out.append(LocalResult(w[i], mean_loss[i], int(self.data.n_train[t.client]), int(steps[i])))
         return out

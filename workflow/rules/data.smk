@@ -25,6 +25,8 @@ rule prepare:
         directory(DATA + "/{dataset}"),
     log:
         "logs/prepare/{dataset}.log",
+    benchmark:
+        RES + "/benchmarks/prepare/{dataset}.tsv"
     params:
         prepare=lambda w: canonical_json(config["datasets"][w.dataset]["prepare"]),
         args=lambda w: prepare_args(w.dataset),

@@ -14,6 +14,8 @@ rule report:
         ),
     log:
         "logs/report.log",
+    benchmark:
+        RES + "/benchmarks/report.tsv"
     params:
         runs=lambda w, input: " ".join(os.path.dirname(f) for f in input),
     shell:
