@@ -68,7 +68,10 @@ def flat(state: dict, fed) -> torch.Tensor:
 
 
 def engine_pass(trainer, fed, rnd: int):
-    return {t.client: r.weights.clone() for t, r in trainer.run([Task(c, fed.w0) for c in range(fed.n_clients)], rnd)}
+    """Our executors; results are already the caller's (sequential: a copy; batched: views of the
+    chunk's stacked weights), like the baseline's state_dicts."""
+    tasks = [Task(c, fed.w0) for c in range(fed.n_clients)]
+    return {t.client: r.weights for t, r in trainer.run(tasks, rnd)}
 
 
 def sync(device):
