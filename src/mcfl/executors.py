@@ -6,8 +6,10 @@ interface (``run(tasks, rnd)`` yields ``(task, LocalResult)`` one at a time; ``t
 * ``sequential`` (:class:`~mcfl.engine.LocalTrainer`): one client after another. Best when one
   client's step already fills the device (big models on a CPU).
 * ``batched`` (:class:`BatchedTrainer`): a chunk of clients at once. Their weights are stacked into
-  a ``(C, |W|)`` matrix and one step of all C clients is one call of
-  ``vmap(grad(loss))`` (``torch.func``) over the stack, so the per-operation cost (Python, kernel
+  a ``(C, |W|)`` matrix; one step of all C clients is one ``torch.func.vmap(functional_call)``
+  forward over the stack and one ordinary backward of the sum of their losses (the clients'
+  parameters are disjoint, so each gets its own gradient; ``torch.func.grad`` would give the same
+  but imports ``torch._dynamo``, seconds per process). The per-operation cost (Python, kernel
   launch) is paid once per chunk instead of once per client. Clients have different data sizes and
   hence numbers of steps: tasks are sorted by their number of steps (longest first) and cut into
   chunks; at step s of a chunk only the clients that still have a step s train (a prefix of the
@@ -108,6 +110,7 @@ class BatchedTrainer(LocalTrainer):
         ``w[:n_s]`` (no work for finished clients); rows past the end of a short last batch are
         padding, masked out of the loss."""
         spec, dev, P, B = self.spec, self.data.device, self.model.n_params, self.spec.batch_size
+        self.model.module.train()
         plans = [self.plan(t.client, rnd) for t in tasks]
         steps = torch.tensor([len(p) for p in plans])
         if bool((steps[1:] > steps[:-1]).any()):
