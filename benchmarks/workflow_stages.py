@@ -1,11 +1,12 @@
 """Wall time of the `make reproduce` stages, from the `benchmark:` files Snakemake writes for every
 job (``<results>/benchmarks/<stage>/...tsv``: wall ``s``, ``cpu_time``, ``max_rss`` ...).
 
-Per stage: jobs, summed and mean job wall time, CPU time and the largest peak RSS. For training
+Per stage: jobs, summed, mean and largest job wall time and the largest peak RSS (Snakemake's
+``cpu_time`` is left out: it is sampled periodically and misses most of a job this short). For training
 jobs it also splits each job's wall time into the training loop itself (``wall_s`` of the run's
 ``metrics.json``: data loading, initialisation, rounds, evaluation, outputs) and everything around it
 (interpreter and library start-up, MLflow): the ratio says how much a faster executor can save.
-If a Snakemake log of a complete run is found, its first-to-last timestamp is the DAG's wall time.
+The newest Snakemake log that reports an elapsed time gives the whole DAG's wall time.
 
     python benchmarks/workflow_stages.py                  # results/ and .snakemake/log of this checkout
     python benchmarks/workflow_stages.py --results /path/to/results --logs /path/to/.snakemake/log
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -31,22 +31,16 @@ def read_benchmarks(res: Path) -> pd.DataFrame:
         t = pd.read_csv(f, sep="\t")
         for _, r in t.iterrows():
             rows.append({"stage": rel.parts[0], "job": "/".join(rel.parts[1:]), "s": float(r["s"]),
-                         "cpu_s": float(r.get("cpu_time", float("nan"))),
                          "max_rss_mb": float(r.get("max_rss", float("nan")))})
     return pd.DataFrame(rows)
 
 
 def dag_wall(logs: Path) -> tuple[float, str] | None:
-    """Wall time of the newest Snakemake log that ran to 100%."""
-    stamp = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]")
+    """Wall time of the newest Snakemake log that reports one ("Elapsed time: H:MM:SS")."""
     for log in sorted(logs.glob("*.snakemake.log"), reverse=True):
-        text = log.read_text(errors="replace")
-        if "(100%) done" not in text:
-            continue
-        times = [datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y")
-                 for m in map(stamp.match, text.splitlines()) if m]
-        if len(times) >= 2:
-            return (times[-1] - times[0]).total_seconds(), log.name
+        m = re.search(r"^Elapsed time: (\d+):(\d\d):(\d\d(?:\.\d+)?)", log.read_text(errors="replace"), re.M)
+        if m:
+            return int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3)), log.name
     return None
 
 
@@ -60,10 +54,10 @@ def main(argv=None) -> int:
         print(f"no benchmark files under {args.results / 'benchmarks'}; run the workflow first")
         return 1
     print(f"# Snakemake benchmark files under {args.results / 'benchmarks'}")
-    print(f"{'stage':<10} {'jobs':>5} {'sum s':>8} {'mean s':>7} {'max s':>7} {'CPU s':>8} {'max RSS MB':>10}")
+    print(f"{'stage':<10} {'jobs':>5} {'sum s':>8} {'mean s':>7} {'max s':>7} {'max RSS MB':>10}")
     for stage, g in df.groupby("stage", sort=False):
         print(f"{stage:<10} {len(g):>5} {g.s.sum():8.1f} {g.s.mean():7.2f} {g.s.max():7.2f} "
-              f"{g.cpu_s.sum():8.1f} {g.max_rss_mb.max():10.0f}")
+              f"{g.max_rss_mb.max():10.0f}")
     train = df[df.stage == "train"]
     loop = []
     for job in train.job:
