@@ -37,7 +37,8 @@ def _mixed_tasks(fed, clients):
     P = fed.model.n_params
     anchor = fed.w0 + 0.05 * torch.linspace(-1, 1, fed.model.size)
     linear = 0.02 * torch.linspace(1, -1, P)
-    kinds = [dict(), dict(anchor=anchor, mu=0.5), dict(linear=linear), dict(anchor=anchor, mu=0.2, linear=linear)]
+    kinds = [dict(), dict(anchor=anchor, mu=0.5), dict(linear=linear),
+             dict(anchor=anchor, mu=0.2, linear=linear)]
     return [Task(int(c), fed.w0, **kinds[i % 4]) for i, c in enumerate(clients)]
 
 

@@ -20,14 +20,15 @@ random projection of the selected coordinates when the m x d float32 matrix woul
 ``u = (w - w0)[sel]`` is mapped, as it arrives, to ``S u`` in ``R^k`` (default k = 2048) by a
 CountSketch (a sparse JL transform with one nonzero per column: coordinate j adds ``sign(j)·u_j``
 to bucket ``h(j)``; Weinberger et al. 2009; Kane & Nelson 2014), with ``h`` and the signs drawn from
-the run's seed (int32 buckets and float signs: 8 bytes per coordinate). ``E||S u||^2 = ||u||^2``, and for updates spread over many coordinates the relative
-error of a squared distance has standard deviation about ``sqrt(2/k)`` (3% at k = 2048);
-``benchmarks/projection.py`` measures it. One pass over the coordinates per client: a dense Gaussian or sklearn's ``SparseRandomProjection`` (k·sqrt(d) nonzeros: 850 MB
-and 0.13 s per FEMNIST model on one core) cost far more for the same guarantee. Distances in
-the projected space replace the exact ones only for choosing the partition; the centres are then
-the means of the members' full models, so the projection never enters the centres themselves.
-``projection=0`` always clusters on the exact coordinates (the alternative to projecting is a
-small coordinate subset: ``distance="last_layer"``).
+the run's seed (int32 buckets and float signs: 8 bytes per coordinate). ``E||S u||^2 = ||u||^2``,
+and for updates spread over many coordinates the relative error of a squared distance has
+standard deviation about ``sqrt(2/k)`` (3% at k = 2048); ``benchmarks/projection.py`` measures it.
+One pass over the coordinates per client: a dense Gaussian, or sklearn's ``SparseRandomProjection``
+(k·sqrt(d) nonzeros: 850 MB and 0.13 s per FEMNIST model on one core), costs far more for the same
+guarantee. Distances in the projected space replace the exact ones only for choosing the
+partition; the centres are then the means of the members' full models, so the projection never
+enters the centres themselves. ``projection=0`` always clusters on the exact coordinates (the
+alternative to projecting is a small coordinate subset: ``distance="last_layer"``).
 
 The full models are kept when they fit in ``keep_bytes``; otherwise the first local models are
 recomputed (bitwise identical: per-client seeded) in a second pass that accumulates per-cluster sums.
