@@ -17,7 +17,8 @@ interface (``run(tasks, rnd)`` yields ``(task, LocalResult)`` one at a time; ``t
   batch of an epoch is padded with masked rows and a client's loss is the mean over its *real*
   rows only. Results are yielded chunk by chunk as views of the chunk's stacked
   weights: at most ``chunk`` local models are alive at once (O(chunk·|W|) device memory; a caller
-  that keeps a result beyond the next one should copy it), which is what makes it a GPU executor.
+  that keeps results should copy them, as a view keeps its whole chunk alive), which is what
+  makes it a GPU executor.
 
 Not supported by ``batched``: models with floating-point buffers (BatchNorm running statistics:
 padded rows would also enter the batch statistics), and random layers (dropout): both raise a clear
