@@ -22,6 +22,7 @@ import torch
 from mcfl import models
 from mcfl.data.store import FederatedData
 from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer, derive_seed
+from mcfl.executors import make_trainer
 
 STREAM, MODEL, SERVER = 1_000_001, 1_000_002, 1_000_003
 
@@ -89,7 +90,8 @@ def build_federation(data: FederatedData, model_cfg: dict, train_cfg: dict, seed
     dev = DeviceData(data, device)
     spec = LocalSpec(lr=float(train_cfg["lr"]), batch_size=int(train_cfg["batch_size"]),
                      epochs=int(train_cfg["local_epochs"]), steps=train_cfg.get("local_steps"))
-    trainer = LocalTrainer(flat, dev, spec, seed)
+    trainer = make_trainer(train_cfg.get("executor", "sequential"), flat, dev, spec, seed,
+                           chunk=train_cfg.get("executor_chunk"))
     stream = client_stream(data.n_clients, train_cfg.get("clients_per_round"), seed,
                            int(train_cfg.get("rounds", 0)))
     return Federation(data, dev, flat, trainer, int(seed), flat.get(), stream,

@@ -45,7 +45,7 @@ def init_json(w):
     """What the centre initialisation depends on: not the number of rounds, nor evaluation."""
     r = dict(run_of(w))
     r["train"] = {k: v for k, v in r["train"].items()
-                  if k in ("lr", "batch_size", "local_epochs", "local_steps")}
+                  if k in ("lr", "batch_size", "local_epochs", "local_steps", "executor", "executor_chunk")}
     for k in ("label", "experiment", "needs_centres"):
         r.pop(k)
     return canonical_json(r)

@@ -27,6 +27,8 @@ rule prepare:
         directory(DATA + "/{dataset}"),
     log:
         "logs/prepare/{dataset}.log",
+    benchmark:
+        RES + "/benchmarks/prepare/{dataset}.tsv"
     params:
         prepare=lambda w: canonical_json(config["datasets"][w.dataset]["prepare"]),
         args=lambda w: f"{prepare_args(w.dataset)} {raw_dir_arg(w.dataset)}",

@@ -9,6 +9,8 @@ rule init_centres:
         RES + "/init/{dataset}/{run}/seed{seed}.pt",
     log:
         "logs/init/{dataset}/{run}/seed{seed}.log",
+    benchmark:
+        RES + "/benchmarks/init/{dataset}/{run}/seed{seed}.tsv"
     params:
         run=init_json,
         device=config["device"],

@@ -16,6 +16,8 @@ rule report:
         ),
     log:
         "logs/report.log",
+    benchmark:
+        RES + "/benchmarks/report.tsv"
     params:
         runs=lambda w, input: " ".join(os.path.dirname(f) for f in input),
         sources=" ".join(f"{d}={ds['prepare']['source']}" for d, ds in config["datasets"].items()),

@@ -16,7 +16,8 @@ Dist the squared L2 distance. Each round, for the sampled clients:
 Steps 2-3 use running per-cluster sums, so the server holds K centres + K sums + one local model,
 never all m local models. This is Algorithm 1's loop (E, M, local update) rotated to (local update,
 E, M): the same sequence of updates once the initial centres exist. Initial centres: 20-restart
-k-means on the clients' first local models (see :mod:`mcfl.cluster.init`). With client sampling
+k-means on the clients' first local models (see :mod:`mcfl.cluster.init`; at FEMNIST scale on a
+random projection of them, ``init_projection``). With client sampling
 only sampled clients move (stochastic EM); the others keep their last assignment.
 """
 
@@ -29,7 +30,7 @@ import torch
 
 from mcfl.aggregate import WeightedSum, sq_distances
 from mcfl.algorithms.base import Algorithm
-from mcfl.cluster.init import init_centres, load_centres
+from mcfl.cluster.init import initial_centres
 from mcfl.engine import Task
 
 
@@ -41,6 +42,7 @@ class Params:
     mstep: str = "mean"              # mean | weighted
     init: str = "kmeans"             # kmeans | random
     restarts: int = 20
+    init_projection: int | None = None   # k-means features: None auto, 0 exact, k a k-dim projection
 
     def __post_init__(self):
         if self.distance not in ("all", "last_layer"):
@@ -51,6 +53,9 @@ class Params:
             raise ValueError(f"init must be 'kmeans' or 'random', got {self.init!r}")
         if self.lam < 0:
             raise ValueError(f"lam must be >= 0, got {self.lam}")
+        p = self.init_projection
+        if p is not None and (not isinstance(p, int) or isinstance(p, bool) or p < 0):
+            raise ValueError(f"init_projection must be null or an integer >= 0, got {p!r}")
 
 
 def e_step(w: torch.Tensor, centres: torch.Tensor, sel: slice) -> tuple[int, float]:
@@ -75,12 +80,7 @@ class FeSEM(Algorithm):
     needs_centres = True
 
     def init(self) -> State:
-        p, fed = self.p, self.fed
-        if "centres" in fed.inputs:
-            c = load_centres(fed.inputs["centres"], p.K, fed)
-        else:
-            c = init_centres(fed, p.K, restarts=p.restarts, distance=p.distance,
-                             weighted=p.mstep == "weighted", method=p.init)
+        c = initial_centres(self.fed, self.p)
         return State(c.centres, c.assign)
 
     def round(self, state: State, clients: np.ndarray, rnd: int):

@@ -1,0 +1,83 @@
+"""Wall time of the `make reproduce` stages, from the `benchmark:` files Snakemake writes for every
+job (``<results>/benchmarks/<stage>/...tsv``: wall ``s``, ``cpu_time``, ``max_rss`` ...).
+
+Per stage: jobs, summed, mean and largest job wall time and the largest peak RSS (Snakemake's
+``cpu_time`` is left out: it is sampled periodically and misses most of a job this short). For training
+jobs it also splits each job's wall time into the training loop itself (``wall_s`` of the run's
+``metrics.json``: data loading, initialisation, rounds, evaluation, outputs) and everything around it
+(interpreter and library start-up, MLflow): the ratio says how much a faster executor can save.
+The newest Snakemake log that reports an elapsed time gives the whole DAG's wall time.
+
+    python benchmarks/workflow_stages.py                  # results/ and .snakemake/log of this checkout
+    python benchmarks/workflow_stages.py --results /path/to/results --logs /path/to/.snakemake/log
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from _common import ROOT
+
+
+def read_benchmarks(res: Path) -> pd.DataFrame:
+    rows = []
+    for f in sorted((res / "benchmarks").rglob("*.tsv")):
+        rel = f.relative_to(res / "benchmarks").with_suffix("")
+        t = pd.read_csv(f, sep="\t")
+        for _, r in t.iterrows():
+            rows.append({"stage": rel.parts[0], "job": "/".join(rel.parts[1:]), "s": float(r["s"]),
+                         "max_rss_mb": float(r.get("max_rss", float("nan")))})
+    return pd.DataFrame(rows)
+
+
+def dag_wall(logs: Path) -> tuple[float, str] | None:
+    """Wall time of the newest Snakemake log that reports one ("Elapsed time: H:MM:SS")."""
+    for log in sorted(logs.glob("*.snakemake.log"), reverse=True):
+        m = re.search(r"^Elapsed time: (\d+):(\d\d):(\d\d(?:\.\d+)?)", log.read_text(errors="replace"), re.M)
+        if m:
+            return int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3)), log.name
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("--logs", type=Path, default=ROOT / ".snakemake" / "log")
+    args = ap.parse_args(argv)
+    df = read_benchmarks(args.results)
+    if df.empty:
+        print(f"no benchmark files under {args.results / 'benchmarks'}; run the workflow first")
+        return 1
+    print(f"# Snakemake benchmark files under {args.results / 'benchmarks'}")
+    print(f"{'stage':<10} {'jobs':>5} {'sum s':>8} {'mean s':>7} {'max s':>7} {'max RSS MB':>10}")
+    for stage, g in df.groupby("stage", sort=False):
+        print(f"{stage:<10} {len(g):>5} {g.s.sum():8.1f} {g.s.mean():7.2f} {g.s.max():7.2f} "
+              f"{g.max_rss_mb.max():10.0f}")
+    train = df[df.stage == "train"]
+    loop = []
+    for job in train.job:
+        m = args.results / "runs" / job / "metrics.json"
+        loop.append(json.loads(m.read_text())["wall_s"] if m.is_file() else float("nan"))
+    if len(train) and not pd.isna(loop).all():
+        train = train.assign(loop_s=loop, dataset=[j.split("/")[0] for j in train.job],
+                             method=[j.split("/")[1] for j in train.job])
+        print(f"\ntraining jobs: wall = training loop (metrics.json wall_s) + start-up/tracking")
+        print(f"{'dataset':<10} {'run':<10} {'jobs':>4} {'job s':>7} {'loop s':>7} {'other s':>7}")
+        for (d, m), g in train.groupby(["dataset", "method"], sort=False):
+            print(f"{d:<10} {m:<10} {len(g):>4} {g.s.mean():7.2f} {g.loop_s.mean():7.2f} "
+                  f"{(g.s - g.loop_s).mean():7.2f}")
+        tot, lp = train.s.sum(), train.loop_s.sum()
+        print(f"all training jobs: {tot:.1f} s, of which training loops {lp:.1f} s ({lp / tot:.0%})")
+    wall = dag_wall(args.logs)
+    if wall:
+        print(f"\nwhole DAG ({wall[1]}): {wall[0]:.0f} s wall")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""The batched executor gives the sequential executor's weights (up to float rounding) with
+proximal and linear terms, uneven and tiny clients, epochs and steps, several chunks; it refuses
+BatchNorm models; the run's ``train.executor`` selects it; a whole FeSEM run matches."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from mcfl.config import ConfigError, validate
+from mcfl.data import ClientData, load, write_store
+from mcfl.engine import DeviceData, DivergenceError, FlatModel, LocalSpec, LocalTrainer, Task
+from mcfl.executors import BatchedTrainer, make_trainer
+from mcfl.federation import build_federation
+
+
+def _results(trainer, tasks, rnd=2):
+    out = {}
+    for task, res in trainer.run(tasks, rnd):
+        assert task.client not in out                               # each task exactly once
+        out[task.client] = (res.weights.clone(), res.loss, res.steps, res.n_samples)
+    return out
+
+
+def _assert_same(a, b, atol=2e-6):
+    assert a.keys() == b.keys()
+    for c in a:
+        wa, la, sa, na = a[c]
+        wb, lb, sb, nb = b[c]
+        assert (sa, na) == (sb, nb), c
+        assert torch.allclose(wa, wb, atol=atol, rtol=0), (c, (wa - wb).abs().max())
+        assert la == pytest.approx(lb, abs=1e-5), c
+
+
+def _mixed_tasks(fed, clients):
+    """Plain, proximal (FeSEM/FedProx) and linear (FedDANE) tasks, and both terms together."""
+    P = fed.model.n_params
+    anchor = fed.w0 + 0.05 * torch.linspace(-1, 1, fed.model.size)
+    linear = 0.02 * torch.linspace(1, -1, P)
+    kinds = [dict(), dict(anchor=anchor, mu=0.5), dict(linear=linear),
+             dict(anchor=anchor, mu=0.2, linear=linear)]
+    return [Task(int(c), fed.w0, **kinds[i % 4]) for i, c in enumerate(clients)]
+
+
+@pytest.mark.parametrize("train", [
+    {"batch_size": 5, "local_epochs": 2},               # epochs: ragged steps across clients
+    {"batch_size": 4, "local_steps": 7},                 # steps: wrap into a second epoch
+])
+def test_batched_equals_sequential_on_digits_cnn(digits_store, train):
+    cfg = {"lr": 0.1, "rounds": 1, "local_epochs": 1, **train}
+    fed = build_federation(load(digits_store), {"name": "digits_cnn"}, cfg, seed=3)
+    assert len(set(fed.n_train.tolist())) > 3                       # uneven client sizes
+    tasks = _mixed_tasks(fed, range(fed.n_clients))
+    seq = _results(fed.trainer, tasks)
+    bat = _results(BatchedTrainer(fed.model, fed.dev, fed.trainer.spec, fed.seed, chunk=5), tasks)
+    _assert_same(seq, bat)
+    # the result does not depend on how the clients are chunked
+    one = _results(BatchedTrainer(fed.model, fed.dev, fed.trainer.spec, fed.seed, chunk=64), tasks)
+    _assert_same(bat, one)
+
+
+def _ragged_store(tmp_path, sizes=(1, 3, 7, 12, 4, 2)):
+    rng = np.random.default_rng(0)
+    clients = []
+    for i, n in enumerate(sizes):
+        x = rng.normal(size=(n, 2, 3)).astype(np.float32)
+        clients.append(ClientData(f"c{i}", x, rng.integers(0, 3, n), x[:1], np.zeros(1, np.int64)))
+    write_store(tmp_path / "ragged", clients, n_classes=3, source="test", params={})
+    return load(tmp_path / "ragged")
+
+
+@pytest.mark.parametrize("spec", [LocalSpec(lr=0.3, batch_size=4, epochs=3),
+                                  LocalSpec(lr=0.3, batch_size=5, steps=4)])
+def test_batched_equals_sequential_with_short_clients(tmp_path, spec):
+    data = _ragged_store(tmp_path)
+    torch.manual_seed(0)
+    fm = FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)))
+    dev = DeviceData(data)
+    w0 = fm.get()
+    anchor = w0 + 0.3
+    tasks = [Task(c, w0 + 0.01 * c, anchor, mu=0.4 * (c % 2)) for c in range(data.n_clients)]
+    tasks[-1].mu = 0.0                                               # mu = 0 with an anchor: plain SGD
+    seq = _results(LocalTrainer(fm, dev, spec, seed=1), tasks, rnd=5)
+    bat = _results(BatchedTrainer(fm, dev, spec, seed=1, chunk=4), tasks, rnd=5)
+    _assert_same(seq, bat)
+    assert bat[0][2] == (3 if spec.steps is None else 4)            # one sample: batches of 1
+
+
+def test_batched_executor_refuses_batchnorm_and_reports_divergence(digits_store):
+    data = load(digits_store)
+    dev = DeviceData(data)
+    bn = FlatModel(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(),
+                                 nn.Linear(4 * 6 * 6, 10)))
+    with pytest.raises(ValueError, match="BatchNorm.*executor: sequential"):
+        BatchedTrainer(bn, dev, LocalSpec(lr=0.1), seed=0)
+    fed = build_federation(data, {"name": "digits_cnn"}, {"lr": 1e6, "batch_size": 5, "local_epochs": 1,
+                                                          "rounds": 1, "executor": "batched"}, seed=0)
+    with pytest.raises(DivergenceError, match=r"round 4, client \d+"):
+        list(fed.trainer.run([Task(c, fed.w0) for c in range(4)], 4))
+
+
+def test_train_executor_key_selects_and_validates(digits_store):
+    data = load(digits_store)
+    base = {"lr": 0.1, "batch_size": 5, "local_epochs": 1, "rounds": 1}
+    assert type(build_federation(data, {"name": "digits_cnn"}, base, 0).trainer) is LocalTrainer
+    fed = build_federation(data, {"name": "digits_cnn"}, {**base, "executor": "batched",
+                                                          "executor_chunk": 3}, 0)
+    assert isinstance(fed.trainer, BatchedTrainer) and fed.trainer.chunk == 3
+    with pytest.raises(ValueError, match="unknown executor 'vmap'"):
+        make_trainer("vmap", fed.model, fed.dev, fed.trainer.spec, 0)
+    cfg = {"datasets": {"d": {"prepare": {"source": "digits"}, "model": {"name": "digits_cnn"},
+                              "train": {"executor": "gpu"}}}, "methods": [{"method": "FedAvg"}]}
+    with pytest.raises(ConfigError, match="datasets.d.train.executor"):
+        validate(cfg)
+
+
+def test_fesem_run_with_batched_executor_matches_sequential(digits_store):
+    """Initial k-means centres and two FeSEM rounds: same assignments, centres up to rounding."""
+    from mcfl.algorithms.fesem import FeSEM, Params
+
+    data = load(digits_store)
+    out = {}
+    for ex in ("sequential", "batched"):
+        fed = build_federation(data, {"name": "digits_cnn"}, {"lr": 0.05, "batch_size": 5, "local_epochs": 1,
+                                                              "rounds": 2, "executor": ex}, seed=1)
+        algo = FeSEM(fed, Params(K=3, restarts=3))
+        state = algo.init()
+        for r in (1, 2):
+            state, _ = algo.round(state, fed.clients(r), r)
+        out[ex] = state
+    assert torch.equal(out["sequential"].assign, out["batched"].assign)
+    assert torch.allclose(out["sequential"].centres, out["batched"].centres, atol=1e-5, rtol=0)
