@@ -229,9 +229,7 @@ class LocalTrainer:
         for rows in self.batches(task.client, rnd, purpose, spec):
             x, y = self.data.inputs(rows), self.data.y["train"][rows]
             loss = task.loss(m.module, x, y, rows) if task.loss else F.cross_entropy(m.module(x), y)
-            # a custom loss (FedCG's) may leave some parameters out of the graph: zero gradients
-            g = torch.autograd.grad(loss, w, allow_unused=task.loss is not None,
-                                    materialize_grads=task.loss is not None)
+            g = self._grad(loss, w, custom=task.loss is not None)
             with torch.no_grad():
                 if task.mu:                                       # g += mu (w - anchor)
                     torch._foreach_add_(g, torch._foreach_sub(w, anchor), alpha=task.mu)
@@ -248,6 +246,16 @@ class LocalTrainer:
             raise DivergenceError(f"round {rnd}, client {task.client}: local training diverged "
                                   f"(mean loss {mean_loss}); lower the learning rate")
         return LocalResult(out, mean_loss, int(self.data.n_train[task.client]), steps)
+
+    @staticmethod
+    def _grad(loss: torch.Tensor, w: list[torch.Tensor], custom: bool) -> list[torch.Tensor]:
+        """d loss / d w. A custom loss (FedCG's) may leave parameters out of the graph or freeze
+        them (``requires_grad=False``): their gradient is zero, as a zeroed gradient buffer gives."""
+        if not custom:
+            return list(torch.autograd.grad(loss, w))
+        live = [p for p in w if p.requires_grad]
+        grads = iter(torch.autograd.grad(loss, live, allow_unused=True, materialize_grads=True))
+        return [next(grads) if p.requires_grad else torch.zeros_like(p) for p in w]
 
     def run(self, tasks: Iterable[Task], rnd: int) -> Iterator[tuple[Task, LocalResult]]:
         """Train each task in turn and yield it with its result, so a server can fold each local
