@@ -2,7 +2,7 @@
 # (dataset, method, K, seed) -> report. Training logic lives in the `mcfl` package; rules call its CLI.
 #
 #   snakemake --cores all                               # everything in config/config.yaml
-#   snakemake --cores all --configfile config/paper-femnist.yaml
+#   snakemake --cores all --configfile config/paper-femnist.yaml   # that config alone
 #   snakemake -n                                         # what would run
 #   snakemake --report report.html                       # tables and figures with captions
 from snakemake.utils import min_version
@@ -10,7 +10,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The default config applies only when no --configfile is given: Snakemake would otherwise merge a
+# paper config into it (its datasets dict with the default datasets, so those would run too).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"

@@ -139,16 +139,26 @@ def _federation_for(run: dict, store: str, device: str, threads: int, inputs=Non
 
 
 def _cmd_init_centres(a) -> int:
-    from mcfl import algorithms
-    from mcfl.cluster.init import centre_options, init_centres, save_centres
+    """Initial centres from a :func:`mcfl.config.centre_spec` (or a whole run's JSON)."""
+    from mcfl.cluster.init import init_centres, save_centres
+    from mcfl.config import centre_spec
 
-    run = _resolve_k(json.loads(a.run), a.k_from)
-    params = algorithms.get(run["method"]).Params(**run["params"])
-    fed = _federation_for(run, a.store, a.device, a.threads)
-    c = init_centres(fed, params.K, **centre_options(params))
+    spec = json.loads(a.run)
+    if "params" in spec:                                  # a run: its centre spec
+        spec = centre_spec(spec)
+    if spec["K"] == "auto":
+        if not a.k_from:
+            raise ValueError("K is 'auto'; pass --k-from with the select-k result")
+        from mcfl.select_k import read_k
+
+        spec["K"] = read_k(a.k_from)
+    fed = _federation_for(spec, a.store, a.device, a.threads)
+    K = int(spec["K"])
+    c = init_centres(fed, K, **{k: spec[k] for k in ("restarts", "distance", "weighted", "method",
+                                                     "projection")})
     save_centres(c, a.out)
-    sizes = [int((c.assign == k).sum()) for k in range(params.K)]
-    print(f"{a.out}: K={params.K}, cluster sizes {sizes}, intra-cluster distance {c.inertia:.4g}")
+    sizes = [int((c.assign == k).sum()) for k in range(K)]
+    print(f"{a.out}: K={K}, cluster sizes {sizes}, intra-cluster distance {c.inertia:.4g}")
     return 0
 
 

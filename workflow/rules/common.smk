@@ -6,7 +6,7 @@ import time
 
 from snakemake.exceptions import WorkflowError
 
-from mcfl.config import ConfigError, expand_runs, validate
+from mcfl.config import ConfigError, centre_key, centre_spec, expand_runs, validate
 from mcfl.data.repartition import is_identity
 from mcfl.io import canonical_json
 
@@ -19,6 +19,13 @@ DATA = config["data_dir"]
 RES = config["results"]
 RUNS = {(r["dataset"], r["run_id"], str(r["seed"])): r for r in expand_runs(config)}
 RUN_DIR = RES + "/runs/{dataset}/{run}/seed{seed}"
+# Initial centres, one file per distinct centre spec (runs that would compute the same centres, e.g.
+# FeSEM(3), FeSEM-MA(3) and Robust(3), share it): {centres} is `K<K>-<hash>` (mcfl.config.centre_key).
+INIT = RES + "/init/{dataset}/{centres}/seed{seed}.pt"
+INITS = {}
+for (_d, _r, _s), _run in RUNS.items():
+    if _run["needs_centres"]:
+        INITS.setdefault((_d, centre_key(_run), _s), _run)
 # Feature rule files append their final outputs (tables, figures) here; `rule all` requests them.
 EXTRA_TARGETS = []
 
@@ -30,6 +37,7 @@ GPU = 0 if config["device"] == "cpu" or not shutil.which("nvidia-smi") else 1
 wildcard_constraints:
     dataset="|".join(config["datasets"]),
     run="[A-Za-z0-9_+.()-]+",
+    centres="[A-Za-z0-9_+.()-]+",
     seed=r"\d+",
 
 
@@ -41,14 +49,17 @@ def run_json(w):
     return canonical_json(run_of(w))
 
 
+def init_run(w):
+    return INITS[(w.dataset, w.centres, w.seed)]
+
+
 def init_json(w):
-    """What the centre initialisation depends on: not the number of rounds, nor evaluation."""
-    r = dict(run_of(w))
-    r["train"] = {k: v for k, v in r["train"].items()
-                  if k in ("lr", "batch_size", "local_epochs", "local_steps", "executor", "executor_chunk")}
-    for k in ("label", "experiment", "needs_centres"):
-        r.pop(k)
-    return canonical_json(r)
+    """What the centre initialisation depends on (not the method, the rounds, nor evaluation)."""
+    return canonical_json(centre_spec(init_run(w)))
+
+
+def init_path(run):
+    return INIT.format(dataset=run["dataset"], centres=centre_key(run), seed=run["seed"])
 
 
 def raw_store(dataset):
@@ -69,9 +80,12 @@ def store(dataset):
 SELECT_K = RES + "/select_k/{dataset}/{run}/seed{seed}.json"
 
 
-def k_input(w):
+def k_input(w, run=None):
     """The select_k result a `K: auto` run takes its K from (nothing for other runs)."""
-    return {"k": SELECT_K.format(**w)} if run_of(w)["select_k"] else {}
+    run = run or run_of(w)
+    if not run["select_k"]:
+        return {}
+    return {"k": SELECT_K.format(dataset=run["dataset"], run=run["run_id"], seed=run["seed"])}
 
 
 def k_flag(w, input):

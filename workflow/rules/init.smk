@@ -1,16 +1,17 @@
 # Cluster-centre initialisation (FeSEM §6.1): every client's first local model, then k-means with
-# 20 restarts; one file per (dataset, run, seed) of a method that needs it.
+# 20 restarts; one file per distinct centre spec and seed (common.smk: INIT), shared by the runs
+# that would compute the same centres.
 
 
 rule init_centres:
     input:
-        unpack(lambda w: {"store": store(w.dataset), **k_input(w)}),
+        unpack(lambda w: {"store": store(w.dataset), **k_input(w, init_run(w))}),
     output:
-        RES + "/init/{dataset}/{run}/seed{seed}.pt",
+        INIT,
     log:
-        "logs/init/{dataset}/{run}/seed{seed}.log",
+        "logs/init/{dataset}/{centres}/seed{seed}.log",
     benchmark:
-        RES + "/benchmarks/init/{dataset}/{run}/seed{seed}.tsv"
+        RES + "/benchmarks/init/{dataset}/{centres}/seed{seed}.tsv"
     params:
         run=init_json,
         device=config["device"],

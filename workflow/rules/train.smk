@@ -5,7 +5,7 @@
 def train_inputs(w):
     inputs = {"store": store(w.dataset), **k_input(w)}
     if run_of(w)["needs_centres"]:
-        inputs["centres"] = rules.init_centres.output[0].format(**w)
+        inputs["centres"] = init_path(run_of(w))
     return inputs
 
 

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from mcfl.aggregate import WeightedSum
+from mcfl.config import centre_options
 from mcfl.engine import Task, derive_seed
 from mcfl.federation import Federation
 
@@ -174,10 +175,3 @@ def initial_centres(fed: Federation, params) -> Centres:
     if "centres" in fed.inputs:
         return load_centres(fed.inputs["centres"], params.K, fed)
     return init_centres(fed, params.K, **centre_options(params))
-
-
-def centre_options(params) -> dict:
-    return {"restarts": getattr(params, "restarts", 20), "distance": getattr(params, "distance", "all"),
-            "weighted": getattr(params, "mstep", "mean") == "weighted",
-            "method": getattr(params, "init", "kmeans"),
-            "projection": getattr(params, "init_projection", None)}
