@@ -229,7 +229,7 @@ class LocalTrainer:
         for rows in self.batches(task.client, rnd, purpose, spec):
             x, y = self.data.inputs(rows), self.data.y["train"][rows]
             loss = task.loss(m.module, x, y, rows) if task.loss else F.cross_entropy(m.module(x), y)
-            g = self._grad(loss, w, custom=task.loss is not None)
+            g = self._local_grad(loss, w, custom=task.loss is not None)
             with torch.no_grad():
                 if task.mu:                                       # g += mu (w - anchor)
                     torch._foreach_add_(g, torch._foreach_sub(w, anchor), alpha=task.mu)
@@ -248,7 +248,7 @@ class LocalTrainer:
         return LocalResult(out, mean_loss, int(self.data.n_train[task.client]), steps)
 
     @staticmethod
-    def _grad(loss: torch.Tensor, w: list[torch.Tensor], custom: bool) -> list[torch.Tensor]:
+    def _local_grad(loss: torch.Tensor, w: list[torch.Tensor], custom: bool) -> list[torch.Tensor]:
         """d loss / d w. A custom loss (FedCG's) may leave parameters out of the graph or freeze
         them (``requires_grad=False``): their gradient is zero, as a zeroed gradient buffer gives."""
         if not custom:
