@@ -41,10 +41,13 @@ def test_download_prepare_train_report_on_femnist(tmp_path, cli_env):
 
 @pytest.mark.parametrize("name, downloads", [("paper-femnist", 2), ("paper-celeba", 3)])
 def test_paper_configs_plan_download_prepare_and_every_method(tmp_path, cli_env, name, downloads):
+    """`--configfile` runs the paper config alone: nothing of the default config (present in the
+    working directory, as in a checkout) is merged in."""
     cfg = yaml.safe_load((ROOT / "config" / f"{name}.yaml").read_text())
-    write_config(tmp_path, cfg)
-    r = snakemake(tmp_path, cli_env, "-n")
+    write_config(tmp_path, yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
+    r = snakemake(tmp_path, cli_env, "-n", "--configfile", str(ROOT / "config" / f"{name}.yaml"))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "digits" not in r.stdout and "synthetic" not in r.stdout
     counts = job_counts(r.stdout)
     assert counts["download"] == downloads and counts["prepare"] == 1
     runs_per_seed = sum(len(m["K"]) if isinstance(m.get("K"), list) else 1 for m in cfg["methods"])

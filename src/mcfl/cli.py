@@ -8,6 +8,7 @@
     mcfl train --run JSON --store DIR --out DIR [--centres FILE] [--checkpoint FILE] [--k-from FILE]
     mcfl select-k --run JSON --store DIR --out FILE  # K selection (FeSEM §5.2) for a `K: auto` run
     mcfl report --out results RUN_DIR [RUN_DIR ...] [--sources femnist=femnist ...]
+    mcfl track --experiment NAME --out FILE RUN_DIR [RUN_DIR ...]   # `tracking: deferred`
     mcfl download femnist --out data/raw/femnist  # LEAF raw files (see mcfl.data.leaf.cli)
     mcfl import-leaf DIR --out STORE / mcfl export-leaf STORE --out DIR
     mcfl figure clusters|cases ...                # FeSEM Figs. 4 and 5 (see `mcfl figure -h`)
@@ -204,6 +205,17 @@ def _cmd_select_k(a) -> int:
     return 0
 
 
+def _cmd_track(a) -> int:
+    from mcfl.io import atomic_path
+    from mcfl.track import record_finished, tracking_uri
+
+    pairs = record_finished(a.runs, a.experiment)
+    with atomic_path(a.out) as tmp:
+        tmp.write_text("run_dir\tmlflow_run_id\n" + "".join(f"{d}\t{r}\n" for d, r in pairs))
+    print(f"{len(pairs)} runs recorded in {tracking_uri()} (experiment {a.experiment!r})")
+    return 0
+
+
 def _cmd_report(a) -> int:
     from mcfl.report import write_report
 
@@ -312,6 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.json, history.csv)")
     p.add_argument("--sources", nargs="*", metavar="DATASET=SOURCE",
                    help="data source of each dataset, to match FeSEM's tables (femnist, celeba)")
+    p = sub.add_parser("track", help="record finished runs in MLflow from their files "
+                                     "(`tracking: deferred`)")
+    p.add_argument("--experiment", required=True, help="MLflow experiment name")
+    p.add_argument("--out", required=True, help="TSV written: run directory -> MLflow run id")
+    p.add_argument("runs", nargs="+", help="run directories (metrics.json, history.csv, ...)")
     p = sub.add_parser("report-select-k", help="tabulate select-k results (select_k.csv/.md)")
     p.add_argument("--out", required=True)
     p.add_argument("files", nargs="+", help="select-k result files")
@@ -330,7 +347,7 @@ COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods
             "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
             "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
             "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,
-            "report-fedcg": _cmd_report_fedcg, **leaf_cli.COMMANDS}
+            "report-fedcg": _cmd_report_fedcg, "track": _cmd_track, **leaf_cli.COMMANDS}
 
 
 def _terminate(signum, frame):

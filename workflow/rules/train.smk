@@ -25,7 +25,7 @@ rule train:
         run=run_json,
         centres=lambda w, input: f"--centres {input.centres}" if "centres" in input.keys() else "",
         checkpoint=lambda w: f"{RES}/checkpoints/{w.dataset}/{w.run}/seed{w.seed}.pt",
-        tracking="--tracking" if config["tracking"] else "--no-tracking",
+        tracking="--tracking" if config["tracking"] is True else "--no-tracking",
         device=config["device"],
         k=k_flag,
     threads: 1

@@ -1,0 +1,77 @@
+"""`tracking: deferred`: finished runs recorded from their files equal live tracking's record."""
+
+import pytest
+
+from conftest import make_run
+from mcfl.runner import train
+from mcfl.track import MLflowTracker, record_finished
+from test_faults import migrated_db, mlflow_uri  # noqa: F401 - fixtures
+from test_workflow import job_counts, snakemake, write_config
+
+
+def _record(client, run_id):
+    r = client.get_run(run_id)
+    skip = {"mcfl_record", "mlflow.parentRunId", "mlflow.user", "mlflow.source.name",
+            "mlflow.source.type", "mlflow.source.git.commit"}
+    metrics = {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)]
+               for k in r.data.metrics}
+    arts = sorted(a.path for a in client.list_artifacts(run_id))
+    return r.data.params, {k: v for k, v in r.data.tags.items() if k not in skip}, metrics, arts, r.info.status
+
+
+def test_deferred_record_equals_live_tracking_and_is_not_repeated(digits_store, tmp_path, mlflow_uri):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_uri)
+    runs = [make_run(method="FedAvg", rounds=3, eval_every=2, clients_per_round=4),
+            make_run(method="FeSEM", params={"K": 2, "restarts": 2}, rounds=3, eval_every=2, seed=1)]
+    live, dirs = [], []
+    for i, run in enumerate(runs):
+        train(run, digits_store, tmp_path / f"live{i}", tracker=MLflowTracker("live"), progress=False)
+        train(run, digits_store, tmp_path / f"def{i}", progress=False)    # no tracking
+        dirs.append(tmp_path / f"def{i}")
+    exp = client.get_experiment_by_name("live").experiment_id
+    live = sorted(client.search_runs([exp]), key=lambda r: r.data.tags["mlflow.runName"])
+
+    first = record_finished(dirs, "deferred")
+    assert [d for d, _ in first] == [str(d) for d in dirs]
+    again = record_finished(dirs, "deferred")
+    assert again == first                                     # recorded once, found again
+    exp2 = client.get_experiment_by_name("deferred").experiment_id
+    assert len(client.search_runs([exp2])) == 2
+    deferred = sorted((client.get_run(r) for _, r in first), key=lambda r: r.data.tags["mlflow.runName"])
+    for a, b in zip(live, deferred):
+        pa, ta, ma, aa, sa = _record(client, a.info.run_id)
+        pb, tb, mb, ab, sb = _record(client, b.info.run_id)
+        assert (pa, ta, aa, sa) == (pb, tb, ab, sb)
+        assert ma.keys() == mb.keys() and "micro_acc" in ma
+        for k in ma:                                          # same steps, values to csv precision
+            assert [s for s, _ in ma[k]] == [s for s, _ in mb[k]], k
+            assert [v for _, v in ma[k]] == pytest.approx([v for _, v in mb[k]], rel=1e-12), k
+
+
+@pytest.mark.slow
+def test_workflow_records_runs_once_in_one_track_job(tmp_path, cli_env):
+    cfg = {"experiment": "wf-deferred", "seeds": [0], "tracking": "deferred",
+           "datasets": {"digits": {"prepare": {"source": "digits", "clients": 8, "clusters": 2, "seed": 0},
+                                   "model": {"name": "digits_cnn"},
+                                   "train": {"rounds": 1, "lr": 0.1, "eval_every": 1}}},
+           "methods": [{"method": "FedAvg"}, {"method": "NoFed"}]}
+    write_config(tmp_path, cfg)
+    r = snakemake(tmp_path, cli_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import mlflow
+
+    mlflow.set_tracking_uri(cli_env["MLFLOW_TRACKING_URI"])
+    runs = mlflow.search_runs(experiment_names=["wf-deferred"])
+    sweep = runs[runs["tags.sweep"] == "true"]
+    children = runs[runs["tags.mlflow.parentRunId"].isin(sweep["run_id"])]
+    assert len(sweep) == 1 and len(children) == 2 and set(children["status"]) == {"FINISHED"}
+    assert (tmp_path / "results" / "mlflow_runs.tsv").read_text().count("\n") == 3
+    cfg["methods"].append({"method": "FedProx", "mu": 0.1})                # one more run
+    write_config(tmp_path, cfg)
+    assert job_counts(snakemake(tmp_path, cli_env, "-n").stdout) == \
+        {"train": 1, "report": 1, "track": 1, "all": 1}
+    assert snakemake(tmp_path, cli_env).returncode == 0
+    runs = mlflow.search_runs(experiment_names=["wf-deferred"])
+    assert (runs["tags.sweep"] != "true").sum() == 3                      # the first two not again
