@@ -205,7 +205,7 @@ def test_hypocluster_moves_a_client_to_the_better_hypothesis(swapped_store):
     good = run_rounds(algo, fed, 2)
     wrong = good.assign.clone()
     wrong[[0, 7]] = 1 - wrong[[0, 7]]
-    fixed, diag = algo.round(HypoState(good.models, wrong), np.arange(fed.n_clients), 3)
+    fixed, diag = algo.round(HypoState(good.centres, wrong), np.arange(fed.n_clients), 3)
     assert torch.equal(fixed.assign, good.assign) and diag["moved"] == 2
 
 

@@ -426,7 +426,7 @@ BAD_CONFIGS = [
     (lambda c: c.update(seeds=[0, 0]), r"seeds: \[0, 0\] has non-unique elements"),
     (lambda c: c.update(experiment=""), r"experiment: '' should be non-empty"),
     (lambda c: c.update(device="gpu"), r"device: 'gpu' does not match .*auto\|cpu\|cuda"),
-    (lambda c: c.update(tracking="yes"), r"tracking: 'yes' is not of type 'boolean'"),
+    (lambda c: c.update(tracking="yes"), r"tracking: 'yes' is not one of \[True, False, 'deferred'\]"),
     (lambda c: c["datasets"]["digits"]["train"].update(clients_per_round=500),
      r"datasets\.digits\.train\.clients_per_round: 500 is larger than the number of clients"),
     (lambda c: c["methods"][0].update(train={"clients_per_round": 101}), r"methods\[0\]\.train\.clients_per_round: 101"),

@@ -93,3 +93,35 @@ class Algorithm:
 
     def load_state(self, d: dict[str, Any]):
         return self.State(**d)
+
+
+@dataclass
+class CentresState:
+    centres: torch.Tensor   # (K, |W|) the clusters' models
+    assign: torch.Tensor    # (m,) int64: each client's cluster
+
+
+class CentredAlgorithm(Algorithm):
+    """A clustered method whose state is K cluster models and each client's cluster (FeSEM, Robust,
+    HypoCluster): initial centres from :func:`mcfl.cluster.init.initial_centres` (k-means on the
+    clients' first local models, or the DAG's file), every client tested with its cluster's model."""
+
+    State = CentresState
+    clustered = True
+    needs_centres = True
+
+    def init(self) -> CentresState:
+        from mcfl.cluster.init import initial_centres
+
+        c = initial_centres(self.fed, self.p)
+        return self.State(c.centres, c.assign)
+
+    def eval_models(self, state: CentresState):
+        assign = state.assign.numpy()
+        for k in range(len(state.centres)):
+            members = np.flatnonzero(assign == k)
+            if len(members):
+                yield state.centres[k], members
+
+    def assignments(self, state: CentresState) -> np.ndarray:
+        return state.assign.numpy().copy()

@@ -29,8 +29,7 @@ import numpy as np
 import torch
 
 from mcfl.aggregate import WeightedSum, sq_distances
-from mcfl.algorithms.base import Algorithm
-from mcfl.cluster.init import initial_centres
+from mcfl.algorithms.base import CentredAlgorithm, CentresState
 from mcfl.engine import Task
 
 
@@ -66,22 +65,12 @@ def e_step(w: torch.Tensor, centres: torch.Tensor, sel: slice) -> tuple[int, flo
     return k, float(d[k])
 
 
-@dataclass
-class State:
-    centres: torch.Tensor   # (K, |W|)
-    assign: torch.Tensor    # (m,) int64
+State = CentresState   # centres (K, |W|), assign (m,)
 
 
-class FeSEM(Algorithm):
+class FeSEM(CentredAlgorithm):
     name = "FeSEM"
     Params = Params
-    State = State
-    clustered = True
-    needs_centres = True
-
-    def init(self) -> State:
-        c = initial_centres(self.fed, self.p)
-        return State(c.centres, c.assign)
 
     def round(self, state: State, clients: np.ndarray, rnd: int):
         p, fed = self.p, self.fed
@@ -101,13 +90,3 @@ class FeSEM(Algorithm):
         moved = int((assign != state.assign).sum())
         return State(centres, assign), {"train_loss": float(np.mean(losses)), "moved": moved,
                                         "intra_distance": float(np.mean(dmin))}
-
-    def eval_models(self, state: State):
-        assign = state.assign.numpy()
-        for k in range(self.p.K):
-            members = np.flatnonzero(assign == k)
-            if len(members):
-                yield state.centres[k], members
-
-    def assignments(self, state: State) -> np.ndarray:
-        return state.assign.numpy().copy()

@@ -26,8 +26,7 @@ import numpy as np
 import torch
 
 from mcfl.aggregate import WeightedSum
-from mcfl.algorithms.base import Algorithm
-from mcfl.cluster.init import initial_centres
+from mcfl.algorithms.base import CentredAlgorithm, CentresState
 from mcfl.engine import Task
 
 
@@ -38,22 +37,12 @@ class Params:
     restarts: int = 20
 
 
-@dataclass
-class State:
-    models: torch.Tensor    # (K, |W|)
-    assign: torch.Tensor    # (m,) int64: the hypothesis each client last picked
+State = CentresState   # centres: the K hypotheses; assign: the one each client last picked
 
 
-class HypoCluster(Algorithm):
+class HypoCluster(CentredAlgorithm):
     name = "HypoCluster"
     Params = Params
-    State = State
-    clustered = True
-    needs_centres = True
-
-    def init(self) -> State:
-        c = initial_centres(self.fed, self.p)
-        return State(c.centres, c.assign)
 
     def choose(self, models: torch.Tensor, client: int) -> int:
         """Step 1: the hypothesis with the lowest mean loss on the client's training data."""
@@ -65,23 +54,13 @@ class HypoCluster(Algorithm):
         fed, K = self.fed, self.p.K
         assign = state.assign.clone()
         for c in clients:
-            assign[int(c)] = self.choose(state.models, int(c))
-        tasks = (Task(int(c), state.models[int(assign[c])]) for c in clients)
+            assign[int(c)] = self.choose(state.centres, int(c))
+        tasks = (Task(int(c), state.centres[int(assign[c])]) for c in clients)
         acc = WeightedSum(K, fed.model.size, fed.device)
         losses = []
         for task, res in fed.trainer.run(tasks, rnd):
             acc.add(int(assign[task.client]), res.weights, res.n_samples if self.p.weighted else 1.0)
             losses.append(res.loss)
-        models = torch.stack([acc.mean(k) if acc.has(k) else state.models[k] for k in range(K)])
+        models = torch.stack([acc.mean(k) if acc.has(k) else state.centres[k] for k in range(K)])
         return State(models, assign), {"train_loss": float(np.mean(losses)),
                                        "moved": int((assign != state.assign).sum())}
-
-    def eval_models(self, state: State):
-        assign = state.assign.numpy()
-        for k in range(self.p.K):
-            members = np.flatnonzero(assign == k)
-            if len(members):
-                yield state.models[k], members
-
-    def assignments(self, state: State) -> np.ndarray:
-        return state.assign.numpy().copy()

@@ -31,8 +31,7 @@ import numpy as np
 import torch
 
 from mcfl.aggregate import trimmed_kmeans, trimmed_mean
-from mcfl.algorithms.base import Algorithm
-from mcfl.cluster.init import initial_centres
+from mcfl.algorithms.base import CentredAlgorithm, CentresState
 from mcfl.engine import Task
 
 
@@ -55,22 +54,12 @@ class Params:
             raise ValueError(f"distance must be 'all' or 'last_layer', got {self.distance!r}")
 
 
-@dataclass
-class State:
-    centres: torch.Tensor   # (K, |W|) cluster models
-    assign: torch.Tensor    # (m,) int64
+State = CentresState   # centres: the K cluster models
 
 
-class Robust(Algorithm):
+class Robust(CentredAlgorithm):
     name = "Robust"
     Params = Params
-    State = State
-    clustered = True
-    needs_centres = True
-
-    def init(self) -> State:
-        c = initial_centres(self.fed, self.p)
-        return State(c.centres, c.assign)
 
     def round(self, state: State, clients: np.ndarray, rnd: int):
         p, fed = self.p, self.fed
@@ -91,13 +80,3 @@ class Robust(Algorithm):
         assign[torch.tensor(ids)] = labels.cpu()
         return State(centres, assign), {"train_loss": float(np.mean(losses)),
                                         "moved": int((assign != state.assign).sum())}
-
-    def eval_models(self, state: State):
-        assign = state.assign.numpy()
-        for k in range(self.p.K):
-            members = np.flatnonzero(assign == k)
-            if len(members):
-                yield state.centres[k], members
-
-    def assignments(self, state: State) -> np.ndarray:
-        return state.assign.numpy().copy()
