@@ -70,3 +70,20 @@ def test_load_config_names_the_file(tmp_path):
     p.write_text(yaml.safe_dump(cfg))
     with pytest.raises(ConfigError, match=rf"{p}: datasets\.digits\.train\.rounds"):
         load_config(p)
+
+
+def test_runs_that_compute_the_same_centres_share_one_init_file():
+    """centre_key: the method does not matter, K, k-means options and the local update do."""
+    from mcfl.config import centre_key, expand_runs
+
+    cfg = validate({"datasets": {"d": {"prepare": {"source": "digits"}, "model": {"name": "digits_cnn"}}},
+                    "methods": [{"method": "FeSEM", "K": [3, 4]}, {"method": "FeSEM-MA", "K": 3},
+                                {"method": "Robust", "K": 3}, {"method": "HypoCluster", "K": 3},
+                                {"method": "FeSEM", "name": "W", "K": 3, "mstep": "weighted"},
+                                {"method": "FeSEM", "name": "L", "K": 3, "train": {"lr": 0.5}},
+                                {"method": "FeSEM", "name": "A", "K": "auto"}]})
+    key = {r["label"]: centre_key(r) for r in expand_runs(cfg)}
+    assert key["FeSEM(3)"] == key["FeSEM-MA(3)"] == key["Robust(3)"] == key["HypoCluster(3)"]
+    assert key["FeSEM(3)"].startswith("K3-") and key["FeSEM(4)"].startswith("K4-")
+    assert len({key["FeSEM(3)"], key["W(3)"], key["L(3)"]}) == 3
+    assert key["A(auto)"] == "A-Kauto"

@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return COMMANDS[args.cmd](args)
-    except (ValueError, FileNotFoundError, DivergenceError) as e:   # ConfigError, StoreError too
+    except (ValueError, FileNotFoundError, MemoryError, DivergenceError) as e:   # ConfigError, StoreError too
         print(f"mcfl {args.cmd}: error: {e}", file=sys.stderr)
         return 1
     finally:

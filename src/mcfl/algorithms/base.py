@@ -95,6 +95,15 @@ class Algorithm:
         return self.State(**d)
 
 
+def per_cluster(models: torch.Tensor, assign: torch.Tensor) -> Iterable[tuple[torch.Tensor, np.ndarray]]:
+    """``eval_models`` of a clustered method: each non-empty cluster's model with its clients."""
+    assign = assign.numpy()
+    for k in range(len(models)):
+        members = np.flatnonzero(assign == k)
+        if len(members):
+            yield models[k], members
+
+
 @dataclass
 class CentresState:
     centres: torch.Tensor   # (K, |W|) the clusters' models
@@ -117,11 +126,7 @@ class CentredAlgorithm(Algorithm):
         return self.State(c.centres, c.assign)
 
     def eval_models(self, state: CentresState):
-        assign = state.assign.numpy()
-        for k in range(len(state.centres)):
-            members = np.flatnonzero(assign == k)
-            if len(members):
-                yield state.centres[k], members
+        return per_cluster(state.centres, state.assign)
 
     def assignments(self, state: CentresState) -> np.ndarray:
         return state.assign.numpy().copy()

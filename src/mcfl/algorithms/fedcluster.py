@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from mcfl.aggregate import WeightedSum, bipartition, cosine_similarities
-from mcfl.algorithms.base import Algorithm
+from mcfl.algorithms.base import Algorithm, per_cluster
 from mcfl.engine import Task
 
 
@@ -117,11 +117,7 @@ class FedCluster(Algorithm):
                 assign[int(i)] = new
 
     def eval_models(self, state: State):
-        assign = state.assign.numpy()
-        for c in range(len(state.models)):
-            members = np.flatnonzero(assign == c)
-            if len(members):
-                yield state.models[c], members
+        return per_cluster(state.models, state.assign)
 
     def assignments(self, state: State) -> np.ndarray:
         return state.assign.numpy().copy()
