@@ -270,3 +270,35 @@ def test_runner_reports_soft_hard_and_unseen_domain_accuracy(domains_store, tmp_
     assert f["micro_acc"] == pytest.approx(f["soft_acc"])           # default test assignment: soft
     again = train(run, domains_store, tmp_path / "again", progress=False)
     assert again["final"] == f                                       # seeded: bitwise repeatable
+
+
+def test_zero_residual_branch_starts_as_the_plain_network_but_trains_at_once():
+    # residual_init: zero, alpha 1: the same function as the plain network at the start (like
+    # alpha 0), but the domain parameters get gradient from the first step; with alpha 0 and the
+    # default random theta they get none (the gradient reaching theta is alpha times its signal)
+    plain = build("digits_cnn", (1, 12, 12), 10)
+    init_weights(plain, 3)
+    x, y = torch.rand(8, 1, 12, 12), torch.randint(0, 10, (8,))
+    grads = {}
+    for zero, alpha in ((True, 1.0), (False, 0.0)):
+        net = FedCGNet(_copy(plain), (1, 12, 12), 3, layers="last", dc_width=4, dc_kernel=3,
+                       relu=False, bottleneck=64)
+        net.reset_extras(5, alpha=alpha, zero_theta=zero)
+        net.train()
+        with net.assigned(torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])):
+            assert torch.allclose(net(x), plain(x), atol=1e-6)
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+        (_, layer), = net.domain_layers()
+        grads[zero] = layer.theta.grad.abs().sum(1)
+    assert (grads[True] > 0).all()                  # every domain present in the batch moves
+    assert (grads[False] == 0).all()
+
+
+def test_zero_residual_init_is_refused_where_it_could_never_train():
+    from mcfl.algorithms.fedcg import Params
+
+    with pytest.raises(ValueError, match="relu: false"):
+        Params(residual_init="zero", alpha_init=1.0)
+    with pytest.raises(ValueError, match="alpha_init"):
+        Params(residual_init="zero", relu=False)
+    Params(residual_init="zero", relu=False, alpha_init=1.0)

@@ -53,6 +53,15 @@ domain is a mix of seen ones; ``hard`` uses the student's argmax; ``source`` the
 each layer's alpha and, with true domains, ``domain_nmi`` between the student's argmax and the true
 domain of the training samples.
 
+Our addition, ``residual_init: zero`` (with ``alpha_init: 1`` and ``relu: false``): the domain
+parameters start at 0 instead of the layer's random initialisation. Both choices start from the
+plain network's function (alpha = 0 gates a random branch off; here the branch itself is 0), but
+with alpha = 0 the gradient reaching theta_k is alpha times its signal, so the domain parameters
+barely train while alpha stays small (observed on digits_domains: alpha ~ -0.1 after 20-60 rounds,
+soft and hard test assignment giving the same accuracy to 3 digits); a zero branch behind alpha = 1
+trains at the full learning rate from the first step (a zero-initialised residual branch). The paper
+does not say how alpha or theta are initialised.
+
 Ablations (Tables 3-4), all Params: ``agnostic: false`` drops theta_a and alpha (the "GCN" rows;
 with ``gcn: false`` as well: "domain-specific models", best with ``layers: all``); ``gcn``,
 ``projection`` (W), ``relu``; ``adjacency`` distance/uniform/hamming; ``clustering``: ``classifier``
@@ -107,12 +116,13 @@ class Params:
     restarts: int = 10               # k-means restarts (clustering: kmeans)
     calibrate_teacher: bool = True   # standardise the teacher's logits when (re)set (OUR ADDITION)
     alpha_init: float = 0.0          # initial alpha of Eq. 4 (first author's prototype: 0)
+    residual_init: str = "uniform"   # theta_k at start: uniform (layer default) | zero (OUR ADDITION)
 
     def __post_init__(self):
         choices = {"clustering": ("classifier", "kmeans", "oracle"), "layers": ("last", "conv", "all"),
                    "adjacency": ("distance", "uniform", "hamming"),
                    "adjacency_init": ("eye", "random", "uniform"),
-                   "test_assignment": ("soft", "hard", "source")}
+                   "test_assignment": ("soft", "hard", "source"), "residual_init": ("uniform", "zero")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{key} must be one of {', '.join(allowed)}; got {getattr(self, key)!r}")
@@ -123,6 +133,13 @@ class Params:
             raise ValueError(f"self_weight must be in [0, 1], got {self.self_weight}")
         if self.domain_lr < 0:
             raise ValueError(f"domain_lr must be >= 0, got {self.domain_lr}")
+        if self.residual_init == "zero":
+            if self.gcn and self.relu:
+                raise ValueError("residual_init: zero needs relu: false (or gcn: false): the GCN's "
+                                 "ReLU has zero gradient at 0, so the domain parameters would never move")
+            if self.agnostic and self.alpha_init == 0:
+                raise ValueError("residual_init: zero needs alpha_init != 0: with both at 0 neither "
+                                 "alpha nor the domain parameters get a gradient")
 
 
 @dataclass
@@ -145,7 +162,8 @@ class FedCG(Algorithm):
                        dc_width=p.dc_width, dc_kernel=p.dc_kernel, agnostic=p.agnostic, gcn=p.gcn,
                        projection=p.projection, relu=p.relu, gcn_layers=p.gcn_layers,
                        bottleneck=p.bottleneck)
-        net.reset_extras(derive_seed(fed.seed, EXTRAS), alpha=p.alpha_init)
+        net.reset_extras(derive_seed(fed.seed, EXTRAS), alpha=p.alpha_init,
+                         zero_theta=p.residual_init == "zero")
         flat = FlatModel(net, fed.device)
         trainer = LocalTrainer(flat, fed.dev, fed.trainer.spec, fed.seed)
         self.fed = dataclasses.replace(fed, model=flat, trainer=trainer, w0=flat.get())

@@ -158,13 +158,18 @@ class DomainLayer(nn.Module):
         self._cache: tuple | None = None
 
     @torch.no_grad()
-    def reset_domain_parameters(self, generator: torch.Generator, alpha: float = 0.0) -> None:
+    def reset_domain_parameters(self, generator: torch.Generator, alpha: float = 0.0,
+                                zero_theta: bool = False) -> None:
         """theta_k: the layer's default initialisation, drawn independently per domain (U(-b, b),
-        b = 1/sqrt(fan_in), as PyTorch's Conv2d/Linear); alpha (0 by default); A = I; W = I, or with a
+        b = 1/sqrt(fan_in), as PyTorch's Conv2d/Linear), or 0 with ``zero_theta`` (the generator is
+        drawn from either way, so the rest of the initialisation does not change); alpha (0 by
+        default); A = I; W = I, or with a
         bottleneck a scaled projection P Q = sqrt(d/h) U U^T (U a random d x h orthonormal basis), so
         that W keeps the norm of a random parameter vector in expectation [GUESS]."""
         b = 1.0 / math.sqrt(self.fan_in)
         self.theta.copy_(torch.rand(self.theta.shape, generator=generator) * 2 * b - b)
+        if zero_theta:
+            self.theta.zero_()
         if self.alpha is not None:
             self.alpha.fill_(alpha)
         self.adjacency.copy_(torch.eye(self.K))
@@ -309,11 +314,11 @@ class FedCGNet(nn.Module):
         return [(n, self.backbone.get_submodule(n)) for n in self.layer_names]
 
     @torch.no_grad()
-    def reset_extras(self, seed: int, alpha: float = 0.0) -> None:
+    def reset_extras(self, seed: int, alpha: float = 0.0, zero_theta: bool = False) -> None:
         """Initialise everything FedCG adds to the plain network (the backbone keeps its weights)."""
         g = torch.Generator().manual_seed(int(seed))
         for _, layer in self.domain_layers():
-            layer.reset_domain_parameters(g, alpha)
+            layer.reset_domain_parameters(g, alpha, zero_theta)
         state = torch.random.get_rng_state()
         try:
             torch.manual_seed(int(seed) + 1)
