@@ -91,8 +91,10 @@ def bench_model(name: str, args, device: torch.device, tmp: Path) -> list[dict]:
     methods = {"DataLoader loop": lambda r: dataloader_loop(fed, args.lr, r),
                "sequential": lambda r: engine_pass(fed.trainer, fed, r)}
     skipped = None
+    variants = [("stacked", 0.0)] if args.stacked else []
+    variants += [("low-rank" + (f" r={r:g}" if r != LOWRANK else ""), r) for r in args.lowrank]
     for chunk in args.chunk:
-        for kind, lowrank in (("stacked", 0.0), ("low-rank", LOWRANK))[0 if args.stacked else 1:]:
+        for kind, lowrank in variants:
             try:
                 tr = BatchedTrainer(fed.model, fed.dev, fed.trainer.spec, fed.seed, chunk=chunk,
                                     lowrank=lowrank)
@@ -145,6 +147,9 @@ def main(argv=None) -> int:
                     help="batched executor: clients per chunk (several: one row each; default: automatic)")
     ap.add_argument("--stacked", action="store_true",
                     help="also time the batched executor without low-rank dense layers (lowrank=0)")
+    ap.add_argument("--lowrank", type=float, nargs="+", default=[LOWRANK],
+                    help="batched executor: history limit of lazy dense layers, as a fraction of "
+                         "min(in, out) (mcfl.executors.LOWRANK; several: one row each)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)

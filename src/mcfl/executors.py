@@ -45,7 +45,7 @@ CPU_CHUNK_BYTES = 1 << 30
 CUDA_CHUNK_FRACTION = 0.4
 #: Low-rank dense layers: a Linear layer is trained lazily in a chunk when the longest client's
 #: history (steps x batch rows) is at most this fraction of min(in_features, out_features).
-LOWRANK = 0.25
+LOWRANK = 0.5
 
 
 def make_trainer(executor: str, model: FlatModel, data: DeviceData, spec: LocalSpec, seed: int,
@@ -234,8 +234,7 @@ class BatchedTrainer(LocalTrainer):
             for i, child in enumerate(self._children):
                 if i in hist:
                     h = LowRankLinear.apply(h, w0[i][0] if isinstance(w0[i], list) else w0[i][:n],
-                                            hist[i], s)
-                    h = h + leaves[f"{i}.bias"][:, None]
+                                            leaves[f"{i}.bias"], hist[i], s)
                 elif self._local[i]:
                     h = self._vmapped[i]({k: leaves[f"{i}.{k}"] for k in self._local[i]}, h)
                 else:
@@ -271,19 +270,21 @@ class _History:
 
 
 class LowRankLinear(torch.autograd.Function):
-    """A bias-free linear layer at step s of plain SGD, with its weight kept as
-    ``W_s = W0 - lr * G^T A`` (A, G: the client's earlier inputs and output gradients,
-    ``hist.a[:, :s*B]``, ``hist.g[:, :s*B]``) and never materialised:
+    """A linear layer at step s of plain SGD, with its weight kept as ``W_s = W0 - lr * G^T A``
+    (A, G: the client's earlier inputs and output gradients, ``hist.a[:, :s*B]``,
+    ``hist.g[:, :s*B]``) and never materialised:
 
-    * forward: ``y = x W0^T - lr * (x A^T) G``; x is appended to A;
-    * backward: ``dL/dx = g W0 - lr * (g G^T) A``; g is appended to G (no weight gradient).
+    * forward: ``y = x W0^T - lr * (x A^T) G + b``; x is appended to A;
+    * backward: ``dL/dx = g W0 - lr * (g G^T) A``, ``dL/db = sum of g``; g is appended to G
+      (no weight gradient).
 
     ``x``: (n, B, in) for the n clients training at step s; ``w0``: (out, in) when they all
     start from the same weight (one GEMM over all n·B rows: the weight is read once per step for
-    the whole chunk) or (n, out, in)."""
+    the whole chunk) or (n, out, in); ``b``: (n, out), the clients' current biases (trained as
+    usual: it always requires grad, so the backward runs even for a first layer)."""
 
     @staticmethod
-    def forward(ctx, x, w0, hist, s):
+    def forward(ctx, x, w0, b, hist, s):
         n, B, _ = x.shape
         a, g = hist.a[:n, :s * B], hist.g[:n, :s * B]
         if w0.dim() == 2:
@@ -294,15 +295,16 @@ class LowRankLinear(torch.autograd.Function):
             y.baddbmm_(torch.bmm(x, a.transpose(1, 2)), g, alpha=-hist.lr)
         hist.a[:n, s * B:(s + 1) * B] = x
         ctx.w0, ctx.hist, ctx.s = w0, hist, s
-        return y
+        return y.add_(b[:, None])
 
     @staticmethod
     def backward(ctx, gy):
         w0, hist, s = ctx.w0, ctx.hist, ctx.s
         n, B, _ = gy.shape
         hist.g[:n, s * B:(s + 1) * B] = gy
+        gb = gy.sum(1) if ctx.needs_input_grad[2] else None
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None
+            return None, None, gb, None, None
         a, g = hist.a[:n, :s * B], hist.g[:n, :s * B]
         if w0.dim() == 2:
             gx = (gy.reshape(n * B, -1) @ w0).view(n, B, -1)
@@ -310,4 +312,4 @@ class LowRankLinear(torch.autograd.Function):
             gx = torch.bmm(gy, w0)
         if s:
             gx.baddbmm_(torch.bmm(gy, g.transpose(1, 2)), a, alpha=-hist.lr)
-        return gx, None, None, None
+        return gx, None, gb, None, None
