@@ -19,6 +19,22 @@ interface (``run(tasks, rnd)`` yields ``(task, LocalResult)`` one at a time; ``t
   two chunks' worth of local models are alive at once (O(chunk·|W|) device memory), which is what
   makes it a GPU executor.
 
+Low-rank dense layers (the ``batched`` executor's default where valid; ``lowrank=0`` turns it off):
+with plain local SGD, a Linear layer's weight after s steps is ``W_s = W0 - lr * sum_{j<s} G_j^T A_j``
+(A_j: the layer's B inputs at step j, G_j: the loss gradients w.r.t. its outputs; padded rows have
+G = 0). So the weight need not be materialised during the chunk: the forward is
+``x W0^T - lr (x A^T) G + b`` and the backward ``dL/dx = g W0 - lr (g G^T) A``, with the client's
+history A, G growing by B rows per step (:class:`LowRankLinear`); no weight gradient and no weight
+update pass; at the end ``W = W0 - lr G^T A``, one GEMM per client. When the chunk's clients start
+from the same W0 (FedAvg and the like: they are grouped by start), ``x W0^T`` and ``g W0`` are one GEMM
+over all the chunk's rows, reading the weight once per step for the chunk instead of once per
+client. Other parametrised children run ``vmap(functional_call)`` on their own parameters. It
+applies to ``nn.Sequential`` models, to Linear layers with a bias whose history (longest client's
+steps x batch) is at most ``LOWRANK`` x min(in, out) (the correction terms grow with it; on the
+FEMNIST CNN's 3136x2048 layer, one CPU thread, it still paid at 0.5 and broke even near 1.0),
+and only to chunks without proximal or linear terms (those make the update full-rank); otherwise
+the chunk runs the stacked path above.
+
 Not supported by ``batched``: models with floating-point buffers (BatchNorm running statistics:
 padded rows would also enter the batch statistics), and random layers (dropout): both raise a clear
 error; use ``executor: sequential`` for them. Tasks with their own loss (``Task.loss``: FedCG's
@@ -94,8 +110,9 @@ class BatchedTrainer(LocalTrainer):
         self._children = list(model.module) if seq else []
         self._local = [[n for n, _ in c.named_parameters()] for c in self._children]
         self._vmapped = [vmap(lambda p, x, c=c: functional_call(c, p, (x,))) for c in self._children]
-        self._lazy = [i for i, c in enumerate(self._children)
-                      if type(c) is nn.Linear and c.bias is not None] if lowrank > 0 else []
+        random = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.module.modules())
+        self._lazy = [i for i, c in enumerate(self._children)    # (dropout: the stacked path refuses it)
+                      if type(c) is nn.Linear and c.bias is not None] if lowrank > 0 and not random else []
 
     def _grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor):
         """Every client's gradient of its mean loss over the real rows of its padded batch, and that
