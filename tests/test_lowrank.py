@@ -132,3 +132,17 @@ def test_lazy_path_reports_divergence(tmp_path, spy):
     with pytest.raises(DivergenceError, match=r"round 7, client \d"):
         list(tr.run([Task(c, fm.get()) for c in range(4)], 7))
     assert spy["lazy"] == [[4, 6]]
+
+
+def test_linear_on_unflattened_input_stays_regular(tmp_path, spy):
+    """A Linear applied to (B, 2, 3) inputs (per-position features) is not low-rank; the one
+    after Flatten is; the results still equal the sequential executor's."""
+    data = _store(tmp_path, [5, 9, 2], (2, 3))
+    torch.manual_seed(2)
+    fm = FlatModel(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Flatten(), nn.Linear(8, 3)))
+    dev, spec = DeviceData(data), LocalSpec(lr=0.3, batch_size=2, epochs=2)
+    tr = BatchedTrainer(fm, dev, spec, seed=0, lowrank=10)
+    assert tr._lazy == [3]
+    tasks = [Task(c, fm.get()) for c in range(3)]
+    _assert_same(_results(tr, tasks), _results(LocalTrainer(fm, dev, spec, seed=0), tasks))
+    assert spy["lazy"] == [[3]]

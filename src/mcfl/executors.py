@@ -111,8 +111,19 @@ class BatchedTrainer(LocalTrainer):
         self._local = [[n for n, _ in c.named_parameters()] for c in self._children]
         self._vmapped = [vmap(lambda p, x, c=c: functional_call(c, p, (x,))) for c in self._children]
         random = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.module.modules())
-        self._lazy = [i for i, c in enumerate(self._children)    # (dropout: the stacked path refuses it)
-                      if type(c) is nn.Linear and c.bias is not None] if lowrank > 0 and not random else []
+        self._lazy = self._flat_linears(data) if lowrank > 0 and not random else []   # (dropout: the
+        # stacked path refuses it)
+
+    def _flat_linears(self, data: DeviceData) -> list[int]:
+        """The children that are ``nn.Linear`` with a bias and get one feature vector per sample
+        (found by passing one zero sample through the model)."""
+        out, h = [], torch.zeros(1, *data.x["train"].shape[1:], device=data.device)
+        with torch.no_grad():
+            for i, child in enumerate(self._children):
+                if type(child) is nn.Linear and child.bias is not None and h.dim() == 2:
+                    out.append(i)
+                h = child(h)
+        return out
 
     def _grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor):
         """Every client's gradient of its mean loss over the real rows of its padded batch, and that
@@ -242,7 +253,7 @@ class BatchedTrainer(LocalTrainer):
             hist[i] = _History(C, len(rows) * B, lin.in_features, lin.out_features, lr, dev)
             w0s = [w[sl[name]].view(lin.out_features, lin.in_features) for w in starts]
             shared = all(w.data_ptr() == w0s[0].data_ptr() or torch.equal(w, w0s[0]) for w in w0s)
-            w0[i] = w0s if shared else torch.stack(w0s)              # one (out, in) or (C, out, in)
+            w0[i] = w0s[0] if shared else torch.stack(w0s)           # one (out, in) or (C, out, in)
         loss_sum = torch.zeros(C, device=dev)
         for s, n in enumerate(active):
             r = rows[s, :n]
@@ -250,7 +261,7 @@ class BatchedTrainer(LocalTrainer):
             h = self.data.inputs(r.reshape(-1)).view(n, B, *shape)
             for i, child in enumerate(self._children):
                 if i in hist:
-                    h = LowRankLinear.apply(h, w0[i][0] if isinstance(w0[i], list) else w0[i][:n],
+                    h = LowRankLinear.apply(h, w0[i] if w0[i].dim() == 2 else w0[i][:n],
                                             leaves[f"{i}.bias"], hist[i], s)
                 elif self._local[i]:
                     h = self._vmapped[i]({k: leaves[f"{i}.{k}"] for k in self._local[i]}, h)
@@ -263,13 +274,13 @@ class BatchedTrainer(LocalTrainer):
             loss_sum[:n] += loss.detach()
         weights = []
         with torch.no_grad():
-            for c, start in enumerate(starts):
+            for c in range(C):
                 w = torch.empty(P, device=dev)
                 for name, v in stacked.items():
                     w[sl[name]].copy_(v[c].reshape(-1))
                 for name, i in lazy_w.items():               # W_c = W0 - lr G_c^T A_c: one GEMM
                     L, hi = int(steps[c]) * B, hist[i]
-                    w0c = w0[i][0] if isinstance(w0[i], list) else w0[i][c]
+                    w0c = w0[i] if w0[i].dim() == 2 else w0[i][c]
                     torch.addmm(w0c, hi.g[c, :L].T, hi.a[c, :L], alpha=-lr,
                                 out=w[sl[name]].view_as(w0c))
                 weights.append(w)
