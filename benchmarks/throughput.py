@@ -101,7 +101,7 @@ def bench_model(name: str, args, device: torch.device, tmp: Path) -> list[dict]:
             except ValueError as e:
                 skipped = str(e).split(";")[0]
                 break
-            methods[f"batched {kind} c={tr.chunk}"] = lambda r, tr=tr: engine_pass(tr, fed, r)
+            methods[f"batched {kind} c={chunk or 'auto'}"] = lambda r, tr=tr: engine_pass(tr, fed, r)
     # warm-up pass of each method (not timed) gives the weights to compare
     weights = {}
     for m, fn in methods.items():

@@ -33,7 +33,8 @@ applies to ``nn.Sequential`` models, to Linear layers with a bias whose history 
 steps x batch) is at most ``LOWRANK`` x min(in, out) (the correction terms grow with it; on the
 FEMNIST CNN's 3136x2048 layer, one CPU thread, it still paid at 0.5 and broke even near 1.0),
 and only to chunks without proximal or linear terms (those make the update full-rank); otherwise
-the chunk runs the stacked path above.
+the chunk runs the stacked path above. Its automatic chunk size counts, per client, two copies of
+the weights (the result, W0 when not shared) and the history, instead of the stacked path's six.
 
 Not supported by ``batched``: models with floating-point buffers (BatchNorm running statistics:
 padded rows would also enter the batch statistics), and random layers (dropout): both raise a clear
@@ -74,14 +75,15 @@ def make_trainer(executor: str, model: FlatModel, data: DeviceData, spec: LocalS
     raise ValueError(f"unknown executor {executor!r}; use one of {', '.join(EXECUTORS)}")
 
 
-def auto_chunk(model: FlatModel) -> int:
-    """Clients per chunk: about 6 stacked copies of the weights per client (weights, gradient,
-    anchor, linear term, temporaries) within the budget; at least 1, at most 4096."""
+def auto_chunk(model: FlatModel, per_client: int | None = None) -> int:
+    """Clients per chunk: ``per_client`` bytes each within the budget; by default about 6 stacked
+    copies of the weights (weights, gradient, anchor, linear term, temporaries); at least 1, at
+    most 4096."""
     if model.device.type == "cuda":
         budget = CUDA_CHUNK_FRACTION * torch.cuda.get_device_properties(model.device).total_memory
     else:
         budget = CPU_CHUNK_BYTES
-    return int(max(1, min(4096, budget // (6 * 4 * model.size))))
+    return int(max(1, min(4096, budget // (per_client or 6 * 4 * model.size))))
 
 
 class BatchedTrainer(LocalTrainer):
@@ -97,6 +99,7 @@ class BatchedTrainer(LocalTrainer):
                              f"BatchNorm statistics); use executor: sequential")
         if chunk is not None and int(chunk) < 1:
             raise ValueError(f"executor chunk must be >= 1, got {chunk}")
+        self.auto = not chunk
         self.chunk = int(chunk) if chunk else auto_chunk(model)
         params = list(model.module.named_parameters())
         self._names = [n for n, _ in params]
@@ -143,14 +146,20 @@ class BatchedTrainer(LocalTrainer):
             yield from super().run(tasks, rnd)
             return
         steps = [n_steps(int(self.data.n_train[t.client]), self.spec) for t in tasks]
-        key = [-s for s in steps]
-        if self._lazy and not any(t.mu or t.linear is not None for t in tasks):
+        key, size = [-s for s in steps], self.chunk
+        history = max(steps, default=0) * self.spec.batch_size
+        lazy = self._lazy_layers(tasks, history)          # then every chunk has these lazy layers
+        if lazy:
             # clients with the same start next to each other, so that chunks share W0
             group: dict[int, int] = {}
             key = [(group.setdefault(t.start.data_ptr(), len(group)), k) for t, k in zip(tasks, key)]
+            if self.auto:     # per client: its result, its W0 if not shared, the lazy layers' history
+                lin = [self._children[i] for i in lazy]
+                size = auto_chunk(self.model, 4 * (2 * self.model.size
+                                                   + history * sum(c.in_features + c.out_features for c in lin)))
         order = sorted(range(len(tasks)), key=lambda i: key[i])        # stable: ties keep task order
-        for a in range(0, len(order), self.chunk):
-            chunk = sorted(order[a:a + self.chunk], key=lambda i: -steps[i])
+        for a in range(0, len(order), size):
+            chunk = sorted(order[a:a + size], key=lambda i: -steps[i])
             yield from zip([tasks[i] for i in chunk], self._train_chunk([tasks[i] for i in chunk], rnd))
 
     def _chunk_batches(self, tasks: list[Task], rnd: int):
