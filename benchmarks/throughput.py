@@ -12,7 +12,11 @@ same weights: the largest absolute weight difference to the baseline is printed.
 Data: FEMNIST- / CelebA-shaped random uint8 images (the speed does not depend on pixel values), in
 a store like the real ones; clients get uneven sizes drawn uniformly in [min, max].
 
+The batched executor is timed with its low-rank dense layers (``mcfl.executors.LOWRANK``; one row
+per ``--chunk`` and ``--lowrank`` value) and, with ``--stacked``, without them (``lowrank=0``).
+
     python benchmarks/throughput.py                                   # FEMNIST and CelebA CNN, CPU
+    python benchmarks/throughput.py --models femnist_cnn --clients 16 --chunk 4 8 16 --stacked
     python benchmarks/throughput.py --device cuda --clients 256       # on a GPU
 """
 
