@@ -154,13 +154,13 @@ class BatchedTrainer(LocalTrainer):
             group: dict[int, int] = {}
             key = [(group.setdefault(t.start.data_ptr(), len(group)), k) for t, k in zip(tasks, key)]
             if self.auto:     # per client: its result, its W0 if not shared, the lazy layers' history
-                lin = [self._children[i] for i in lazy]
-                size = auto_chunk(self.model, 4 * (2 * self.model.size
-                                                   + history * sum(c.in_features + c.out_features for c in lin)))
+                hist = history * sum(self._children[i].in_features + self._children[i].out_features
+                                     for i in lazy)
+                size = auto_chunk(self.model, 4 * (2 * self.model.size + hist))
         order = sorted(range(len(tasks)), key=lambda i: key[i])        # stable: ties keep task order
         for a in range(0, len(order), size):
-            chunk = sorted(order[a:a + size], key=lambda i: -steps[i])
-            yield from zip([tasks[i] for i in chunk], self._train_chunk([tasks[i] for i in chunk], rnd))
+            chunk = [tasks[i] for i in sorted(order[a:a + size], key=lambda i: -steps[i])]
+            yield from zip(chunk, self._train_chunk(chunk, rnd))
 
     def _chunk_batches(self, tasks: list[Task], rnd: int):
         """The chunk's batch plans as ``rows`` (steps, C, B) (padded rows: row 0, masked), ``mask``,
