@@ -76,7 +76,7 @@ def main(argv=None) -> int:
                 algo.round(state, np.arange(args.clients), 1)
                 sync(device)
                 out[ex] = (args.clients, time.perf_counter() - t)
-                chunk = fed.trainer.chunk
+                chunk = "auto" if fed.trainer.auto else fed.trainer.chunk
             n, s = out[ex]
             print(f"{ex:<10} {n:>5} clients in {s:8.2f} s: {n / s:9.1f} clients/s, "
                   f"{int(sizes[:n].sum()) / s:10.0f} samples/s", flush=True)

@@ -12,7 +12,11 @@ same weights: the largest absolute weight difference to the baseline is printed.
 Data: FEMNIST- / CelebA-shaped random uint8 images (the speed does not depend on pixel values), in
 a store like the real ones; clients get uneven sizes drawn uniformly in [min, max].
 
+The batched executor is timed with its low-rank dense layers (``mcfl.executors.LOWRANK``; one row
+per ``--chunk`` and ``--lowrank`` value) and, with ``--stacked``, without them (``lowrank=0``).
+
     python benchmarks/throughput.py                                   # FEMNIST and CelebA CNN, CPU
+    python benchmarks/throughput.py --models femnist_cnn --clients 16 --chunk 4 8 16 --stacked
     python benchmarks/throughput.py --device cuda --clients 256       # on a GPU
 """
 
@@ -33,7 +37,7 @@ from _common import SHAPES, fake_store, machine, median
 
 from mcfl.data import load
 from mcfl.engine import Task
-from mcfl.executors import BatchedTrainer
+from mcfl.executors import LOWRANK, BatchedTrainer
 from mcfl.federation import build_federation
 
 
@@ -89,14 +93,19 @@ def bench_model(name: str, args, device: torch.device, tmp: Path) -> list[dict]:
     if device.type == "cpu":
         print(f"# {name}: {fed.model.n_params:,} parameters", flush=True)
     methods = {"DataLoader loop": lambda r: dataloader_loop(fed, args.lr, r),
-               "mcfl sequential": lambda r: engine_pass(fed.trainer, fed, r)}
-    try:
-        batched = BatchedTrainer(fed.model, fed.dev, fed.trainer.spec, fed.seed, chunk=args.chunk)
-        methods["mcfl batched"] = lambda r: engine_pass(batched, fed, r)
-    except ValueError as e:
-        skipped = str(e).split(";")[0]
-    else:
-        skipped = None
+               "sequential": lambda r: engine_pass(fed.trainer, fed, r)}
+    skipped = None
+    variants = [("stacked", 0.0)] if args.stacked else []
+    variants += [("low-rank" + (f" r={r:g}" if r != LOWRANK else ""), r) for r in args.lowrank]
+    for chunk in args.chunk:
+        for kind, lowrank in variants:
+            try:
+                tr = BatchedTrainer(fed.model, fed.dev, fed.trainer.spec, fed.seed, chunk=chunk,
+                                    lowrank=lowrank)
+            except ValueError as e:
+                skipped = str(e).split(";")[0]
+                break
+            methods[f"batched {kind} c={chunk or 'auto'}"] = lambda r, tr=tr: engine_pass(tr, fed, r)
     # warm-up pass of each method (not timed) gives the weights to compare
     weights = {}
     for m, fn in methods.items():
@@ -125,7 +134,7 @@ def bench_model(name: str, args, device: torch.device, tmp: Path) -> list[dict]:
                      "samples/s": samples / t, "speed-up": base / t,
                      "cpu speed-up": base_cpu / median(cpu[m]), "max|dw|": diff})
     if skipped:
-        rows.append({"model": name, "method": "mcfl batched", "note": skipped})
+        rows.append({"model": name, "method": "batched", "note": skipped})
     return rows
 
 
@@ -138,7 +147,13 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=10)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--chunk", type=int, default=None, help="batched executor: clients per chunk")
+    ap.add_argument("--chunk", type=int, nargs="+", default=[None],
+                    help="batched executor: clients per chunk (several: one row each; default: automatic)")
+    ap.add_argument("--stacked", action="store_true",
+                    help="also time the batched executor without low-rank dense layers (lowrank=0)")
+    ap.add_argument("--lowrank", type=float, nargs="+", default=[LOWRANK],
+                    help="batched executor: history limit of lazy dense layers, as a fraction of "
+                         "min(in, out) (mcfl.executors.LOWRANK; several: one row each)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
@@ -148,15 +163,15 @@ def main(argv=None) -> int:
     print(f"# client-training throughput, {args.clients} clients x U[{args.min_samples}, "
           f"{args.max_samples}] samples, batch {args.batch}, {args.epochs} epoch(s), median of "
           f"{args.repeats}\n# {machine(device)}")
-    print(f"{'model':<12} {'method':<16} {'s/pass':>8} {'clients/s':>10} {'samples/s':>10} "
+    print(f"{'model':<12} {'method':<24} {'s/pass':>8} {'clients/s':>10} {'samples/s':>10} "
           f"{'vs DataLoader':>13} {'(CPU time)':>10} {'max|dw|':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             for r in bench_model(name, args, device, Path(tmp)):
                 if "note" in r:
-                    print(f"{r['model']:<12} {r['method']:<16} n/a: {r['note']}")
+                    print(f"{r['model']:<12} {r['method']:<24} n/a: {r['note']}")
                     continue
-                print(f"{r['model']:<12} {r['method']:<16} {r['s']:8.3f} {r['clients/s']:10.1f} "
+                print(f"{r['model']:<12} {r['method']:<24} {r['s']:8.3f} {r['clients/s']:10.1f} "
                       f"{r['samples/s']:10.0f} {r['speed-up']:12.2f}x {r['cpu speed-up']:9.2f}x "
                       f"{r['max|dw|']:9.1e}")
     return 0

@@ -19,6 +19,23 @@ interface (``run(tasks, rnd)`` yields ``(task, LocalResult)`` one at a time; ``t
   two chunks' worth of local models are alive at once (O(chunk·|W|) device memory), which is what
   makes it a GPU executor.
 
+Low-rank dense layers (the ``batched`` executor's default where valid; ``lowrank=0`` turns it off):
+with plain local SGD, a Linear layer's weight after s steps is ``W_s = W0 - lr * sum_{j<s} G_j^T A_j``
+(A_j: the layer's B inputs at step j, G_j: the loss gradients w.r.t. its outputs; padded rows have
+G = 0). So the weight need not be materialised during the chunk: the forward is
+``x W0^T - lr (x A^T) G + b`` and the backward ``dL/dx = g W0 - lr (g G^T) A``, with the client's
+history A, G growing by B rows per step (:class:`LowRankLinear`); no weight gradient and no weight
+update pass; at the end ``W = W0 - lr G^T A``, one GEMM per client. When the chunk's clients start
+from the same W0 (FedAvg and the like: they are grouped by start), ``x W0^T`` and ``g W0`` are one GEMM
+over all the chunk's rows, reading the weight once per step for the chunk instead of once per
+client. Other parametrised children run ``vmap(functional_call)`` on their own parameters. It
+applies to ``nn.Sequential`` models, to Linear layers with a bias whose history (longest client's
+steps x batch) is at most ``LOWRANK`` x min(in, out) (the correction terms grow with it; on the
+FEMNIST CNN's 3136x2048 layer, one CPU thread, it still paid at 0.5 and broke even near 1.0),
+and only to chunks without proximal or linear terms (those make the update full-rank); otherwise
+the chunk runs the stacked path above. Its automatic chunk size counts, per client, two copies of
+the weights (the result, W0 when not shared) and the history, instead of the stacked path's six.
+
 Not supported by ``batched``: models with floating-point buffers (BatchNorm running statistics:
 padded rows would also enter the batch statistics), and random layers (dropout): both raise a clear
 error; use ``executor: sequential`` for them. Tasks with their own loss (``Task.loss``: FedCG's
@@ -32,6 +49,7 @@ from typing import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.func import functional_call, vmap
 
 from mcfl.engine import (DeviceData, DivergenceError, FlatModel, LocalResult, LocalSpec,
@@ -42,6 +60,9 @@ EXECUTORS = ("sequential", "batched")
 #: CUDA: a fraction of the device's total memory).
 CPU_CHUNK_BYTES = 1 << 30
 CUDA_CHUNK_FRACTION = 0.4
+#: Low-rank dense layers: a Linear layer is trained lazily in a chunk when the longest client's
+#: history (steps x batch rows) is at most this fraction of min(in_features, out_features).
+LOWRANK = 0.5
 
 
 def make_trainer(executor: str, model: FlatModel, data: DeviceData, spec: LocalSpec, seed: int,
@@ -54,21 +75,22 @@ def make_trainer(executor: str, model: FlatModel, data: DeviceData, spec: LocalS
     raise ValueError(f"unknown executor {executor!r}; use one of {', '.join(EXECUTORS)}")
 
 
-def auto_chunk(model: FlatModel) -> int:
-    """Clients per chunk: about 6 stacked copies of the weights per client (weights, gradient,
-    anchor, linear term, temporaries) within the budget; at least 1, at most 4096."""
+def auto_chunk(model: FlatModel, per_client: int | None = None) -> int:
+    """Clients per chunk: ``per_client`` bytes each within the budget; by default about 6 stacked
+    copies of the weights (weights, gradient, anchor, linear term, temporaries); at least 1, at
+    most 4096."""
     if model.device.type == "cuda":
         budget = CUDA_CHUNK_FRACTION * torch.cuda.get_device_properties(model.device).total_memory
     else:
         budget = CPU_CHUNK_BYTES
-    return int(max(1, min(4096, budget // (6 * 4 * model.size))))
+    return int(max(1, min(4096, budget // (per_client or 6 * 4 * model.size))))
 
 
 class BatchedTrainer(LocalTrainer):
     """Trains chunks of ``chunk`` clients at once (see the module docstring)."""
 
     def __init__(self, model: FlatModel, data: DeviceData, spec: LocalSpec, seed: int,
-                 chunk: int | None = None):
+                 chunk: int | None = None, lowrank: float = LOWRANK):
         super().__init__(model, data, spec, seed)
         buffers = [n for n, b in model.module.named_buffers() if b.is_floating_point()]
         if buffers:
@@ -77,12 +99,34 @@ class BatchedTrainer(LocalTrainer):
                              f"BatchNorm statistics); use executor: sequential")
         if chunk is not None and int(chunk) < 1:
             raise ValueError(f"executor chunk must be >= 1, got {chunk}")
+        self.auto = not chunk
         self.chunk = int(chunk) if chunk else auto_chunk(model)
         params = list(model.module.named_parameters())
         self._names = [n for n, _ in params]
         self._shapes = [p.shape for _, p in params]
         self._sizes = [p.numel() for _, p in params]
         self._forward = vmap(lambda p, x: functional_call(model.module, p, (x,)))
+        # low-rank path: the children of an nn.Sequential, their own parameter names, a vmapped
+        # forward for those with parameters, and which are candidate lazy Linear layers
+        self.lowrank = float(lowrank)
+        seq = isinstance(model.module, nn.Sequential)
+        self._children = list(model.module) if seq else []
+        self._local = [[n for n, _ in c.named_parameters()] for c in self._children]
+        self._vmapped = [vmap(lambda p, x, c=c: functional_call(c, p, (x,))) for c in self._children]
+        random = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.module.modules())
+        self._lazy = self._flat_linears(data) if lowrank > 0 and not random else []   # (dropout: the
+        # stacked path refuses it)
+
+    def _flat_linears(self, data: DeviceData) -> list[int]:
+        """The children that are ``nn.Linear`` with a bias and get one feature vector per sample
+        (found by passing one zero sample through the model)."""
+        out, h = [], torch.zeros(1, *data.x["train"].shape[1:], device=data.device)
+        with torch.no_grad():
+            for i, child in enumerate(self._children):
+                if type(child) is nn.Linear and child.bias is not None and h.dim() == 2:
+                    out.append(i)
+                h = child(h)
+        return out
 
     def _grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor):
         """Every client's gradient of its mean loss over the real rows of its padded batch, and that
@@ -92,8 +136,7 @@ class BatchedTrainer(LocalTrainer):
         C = len(w)
         params = {n: t.view(C, *s) for n, t, s in zip(self._names, w.split(self._sizes, 1), self._shapes)}
         logits = self._forward(params, x)                                    # (C, B, classes)
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(mask)
-        loss = (losses * mask).sum(1) / mask.sum(1).clamp(min=1)
+        loss = self._loss(logits, y, mask)
         (g,) = torch.autograd.grad(loss.sum(), w)
         return g, loss.detach()
 
@@ -103,29 +146,67 @@ class BatchedTrainer(LocalTrainer):
             yield from super().run(tasks, rnd)
             return
         steps = [n_steps(int(self.data.n_train[t.client]), self.spec) for t in tasks]
-        order = sorted(range(len(tasks)), key=lambda i: -steps[i])      # stable: ties keep task order
-        for a in range(0, len(order), self.chunk):
-            chunk = [tasks[i] for i in order[a:a + self.chunk]]
+        key, size = [-s for s in steps], self.chunk
+        history = max(steps, default=0) * self.spec.batch_size
+        lazy = self._lazy_layers(tasks, history)          # then every chunk has these lazy layers
+        if lazy:
+            # clients with the same start next to each other, so that chunks share W0
+            group: dict[int, int] = {}
+            key = [(group.setdefault(t.start.data_ptr(), len(group)), k) for t, k in zip(tasks, key)]
+            if self.auto:     # per client: its result, its W0 if not shared, the lazy layers' history
+                hist = history * sum(self._children[i].in_features + self._children[i].out_features
+                                     for i in lazy)
+                size = auto_chunk(self.model, 4 * (2 * self.model.size + hist))
+        order = sorted(range(len(tasks)), key=lambda i: key[i])        # stable: ties keep task order
+        for a in range(0, len(order), size):
+            chunk = [tasks[i] for i in sorted(order[a:a + size], key=lambda i: -steps[i])]
             yield from zip(chunk, self._train_chunk(chunk, rnd))
+
+    def _chunk_batches(self, tasks: list[Task], rnd: int):
+        """The chunk's batch plans as ``rows`` (steps, C, B) (padded rows: row 0, masked), ``mask``,
+        each client's number of ``steps`` and ``active[s]`` = n_s, the clients training at step s."""
+        plans = [self.plan(t.client, rnd) for t in tasks]
+        steps = torch.tensor([len(p) for p in plans])
+        if bool((steps[1:] > steps[:-1]).any()):
+            raise ValueError("_train_chunk needs its tasks sorted by number of steps, longest first")
+        rows = torch.full((int(steps[0]) if len(steps) else 0, len(tasks), self.spec.batch_size), -1,
+                          dtype=torch.long)
+        for i, p in enumerate(plans):
+            rows[:len(p), i] = p
+        rows = rows.to(self.data.device)
+        mask = (rows >= 0).float()
+        active = [int((steps > s).sum()) for s in range(len(rows))]
+        return rows.clamp(min=0), mask, steps, active
+
+    def _loss(self, logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Each client's mean cross-entropy over the real rows of its padded batch."""
+        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(mask)
+        return (losses * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+    def _results(self, tasks: list[Task], rnd: int, weights: list[torch.Tensor], loss_sum: torch.Tensor,
+                 steps: torch.Tensor) -> list[LocalResult]:
+        """``weights[i]``: task i's final flat weights, its own tensor (a caller may keep it)."""
+        mean_loss = (loss_sum.cpu() / steps.clamp(min=1)).tolist()
+        finite = torch.isfinite(torch.stack([w.sum() for w in weights])).cpu()   # see LocalTrainer.train
+        out = []
+        for i, t in enumerate(tasks):
+            if not math.isfinite(mean_loss[i]) or not bool(finite[i]):
+                raise DivergenceError(f"round {rnd}, client {t.client}: local training diverged "
+                                      f"(mean loss {mean_loss[i]}); lower the learning rate")
+            out.append(LocalResult(weights[i], mean_loss[i], int(self.data.n_train[t.client]), int(steps[i])))
+        return out
 
     def _train_chunk(self, tasks: list[Task], rnd: int) -> list[LocalResult]:
         """Train ``tasks`` (sorted by number of steps, longest first) together. At step s the
         clients still training are a prefix ``[:n_s]`` of the chunk, so each step works on views
         ``w[:n_s]`` (no work for finished clients); rows past the end of a short last batch are
-        padding, masked out of the loss."""
+        padding, masked out of the loss. Low-rank path when it applies (see :meth:`_lazy_layers`)."""
+        rows, mask, steps, active = self._chunk_batches(tasks, rnd)
+        lazy = self._lazy_layers(tasks, len(rows) * self.spec.batch_size)
+        if lazy:
+            return self._train_chunk_lowrank(tasks, rnd, rows, mask, steps, active, lazy)
         spec, dev, P, B = self.spec, self.data.device, self.model.n_params, self.spec.batch_size
         self.model.module.train()
-        plans = [self.plan(t.client, rnd) for t in tasks]
-        steps = torch.tensor([len(p) for p in plans])
-        if bool((steps[1:] > steps[:-1]).any()):
-            raise ValueError("_train_chunk needs its tasks sorted by number of steps, longest first")
-        rows = torch.full((int(steps[0]) if len(steps) else 0, len(tasks), B), -1, dtype=torch.long)
-        for i, p in enumerate(plans):
-            rows[:len(p), i] = p
-        rows = rows.to(dev)
-        mask = (rows >= 0).float()
-        rows = rows.clamp(min=0)                                   # padded rows: any valid row, masked
-        active = [int((steps > s).sum()) for s in range(len(rows))]   # n_s
         w = torch.stack([t.start[:P] for t in tasks]).to(dev)     # (C, P)
         prox = any(t.mu for t in tasks)
         mu = torch.tensor([float(t.mu) for t in tasks], device=dev)[:, None]
@@ -147,12 +228,125 @@ class BatchedTrainer(LocalTrainer):
                     g.add_(linear[:n])
                 ws.add_(g, alpha=-spec.lr)                             # w -= lr g
             loss_sum[:n] += loss
-        mean_loss = (loss_sum.cpu() / steps.clamp(min=1)).tolist()
-        finite = torch.isfinite(w.sum(1)).cpu()                   # one pass (see LocalTrainer.train)
-        out = []
-        for i, t in enumerate(tasks):
-            if not math.isfinite(mean_loss[i]) or not bool(finite[i]):
-                raise DivergenceError(f"round {rnd}, client {t.client}: local training diverged "
-                                      f"(mean loss {mean_loss[i]}); lower the learning rate")
-            out.append(LocalResult(w[i].clone(), mean_loss[i], int(self.data.n_train[t.client]), int(steps[i])))
-        return out
+        return self._results(tasks, rnd, list(w.clone()), loss_sum, steps)
+
+    # -- low-rank dense layers ------------------------------------------------------------------
+    def _lazy_layers(self, tasks: list[Task], history: int) -> list[int]:
+        """Indices of the ``nn.Sequential`` children trained lazily in this chunk: ``nn.Linear``
+        layers with a bias whose history (``history`` = longest client's steps x batch rows) is at
+        most ``lowrank`` x min(in, out) (so the correction terms cost less than the weight
+        passes they replace), and only when no task has a proximal or linear term (those make
+        the update full-rank)."""
+        if not self._lazy or any(t.mu or t.linear is not None for t in tasks):
+            return []
+        return [i for i in self._lazy
+                if history <= self.lowrank * min(self._children[i].in_features,
+                                                  self._children[i].out_features)]
+
+    def _train_chunk_lowrank(self, tasks, rnd, rows, mask, steps, active, lazy) -> list[LocalResult]:
+        """The chunk with its lazy dense layers never materialised (:class:`LowRankLinear`); the
+        other parametrised children run ``vmap(functional_call)`` on their own stacked parameters,
+        the parameter-free ones on the (n·B, ...) rows of all clients at once. Only the regular
+        parameters are stacked per client (not |W|); each client's weights are written once, at
+        the end."""
+        dev, P, B, lr = self.data.device, self.model.n_params, self.spec.batch_size, self.spec.lr
+        C, shape, sl = len(tasks), self.data.x["train"].shape[1:], self.model.slices
+        self.model.module.train()
+        starts = [t.start.to(dev) for t in tasks]
+        lazy_w = {f"{i}.weight": i for i in lazy}
+        stacked = {n: torch.stack([w[sl[n]] for w in starts]).view(C, *s)      # (C, *shape)
+                   for n, s in zip(self._names, self._shapes) if n not in lazy_w}
+        hist, w0 = {}, {}
+        for name, i in lazy_w.items():
+            lin = self._children[i]
+            hist[i] = _History(C, len(rows) * B, lin.in_features, lin.out_features, lr, dev)
+            w0s = [w[sl[name]].view(lin.out_features, lin.in_features) for w in starts]
+            shared = all(w.data_ptr() == w0s[0].data_ptr() or torch.equal(w, w0s[0]) for w in w0s)
+            w0[i] = w0s[0] if shared else torch.stack(w0s)           # one (out, in) or (C, out, in)
+        loss_sum = torch.zeros(C, device=dev)
+        for s, n in enumerate(active):
+            r = rows[s, :n]
+            leaves = {k: v[:n].detach().requires_grad_() for k, v in stacked.items()}
+            h = self.data.inputs(r.reshape(-1)).view(n, B, *shape)
+            for i, child in enumerate(self._children):
+                if i in hist:
+                    h = LowRankLinear.apply(h, w0[i] if w0[i].dim() == 2 else w0[i][:n],
+                                            leaves[f"{i}.bias"], hist[i], s)
+                elif self._local[i]:
+                    h = self._vmapped[i]({k: leaves[f"{i}.{k}"] for k in self._local[i]}, h)
+                else:
+                    h = child(h.flatten(0, 1)).unflatten(0, (n, B))
+            loss = self._loss(h, self.data.y["train"][r], mask[s, :n])
+            grads = torch.autograd.grad(loss.sum(), list(leaves.values()))
+            with torch.no_grad():
+                torch._foreach_add_([v[:n] for v in stacked.values()], grads, alpha=-lr)
+            loss_sum[:n] += loss.detach()
+        weights = []
+        with torch.no_grad():
+            for c in range(C):
+                w = torch.empty(P, device=dev)
+                for name, v in stacked.items():
+                    w[sl[name]].copy_(v[c].reshape(-1))
+                for name, i in lazy_w.items():               # W_c = W0 - lr G_c^T A_c: one GEMM
+                    L, hi = int(steps[c]) * B, hist[i]
+                    w0c = w0[i] if w0[i].dim() == 2 else w0[i][c]
+                    torch.addmm(w0c, hi.g[c, :L].T, hi.a[c, :L], alpha=-lr,
+                                out=w[sl[name]].view_as(w0c))
+                weights.append(w)
+        return self._results(tasks, rnd, weights, loss_sum, steps)
+
+
+class _History:
+    """One lazy layer's per-client history: inputs ``a`` (C, L, in) and output gradients ``g``
+    (C, L, out), rows ``s*B:(s+1)*B`` for step s (zero until written; padded rows have g = 0)."""
+
+    def __init__(self, C: int, L: int, n_in: int, n_out: int, lr: float, device):
+        self.a = torch.zeros(C, L, n_in, device=device)
+        self.g = torch.zeros(C, L, n_out, device=device)
+        self.lr = lr
+
+
+class LowRankLinear(torch.autograd.Function):
+    """A linear layer at step s of plain SGD, with its weight kept as ``W_s = W0 - lr * G^T A``
+    (A, G: the client's earlier inputs and output gradients, ``hist.a[:, :s*B]``,
+    ``hist.g[:, :s*B]``) and never materialised:
+
+    * forward: ``y = x W0^T - lr * (x A^T) G + b``; x is appended to A;
+    * backward: ``dL/dx = g W0 - lr * (g G^T) A``, ``dL/db = sum of g``; g is appended to G
+      (no weight gradient).
+
+    ``x``: (n, B, in) for the n clients training at step s; ``w0``: (out, in) when they all
+    start from the same weight (one GEMM over all n·B rows: the weight is read once per step for
+    the whole chunk) or (n, out, in); ``b``: (n, out), the clients' current biases (trained as
+    usual: it always requires grad, so the backward runs even for a first layer)."""
+
+    @staticmethod
+    def forward(ctx, x, w0, b, hist, s):
+        n, B, _ = x.shape
+        a, g = hist.a[:n, :s * B], hist.g[:n, :s * B]
+        if w0.dim() == 2:
+            y = (x.reshape(n * B, -1) @ w0.T).view(n, B, -1)
+        else:
+            y = torch.bmm(x, w0.transpose(1, 2))
+        if s:
+            y.baddbmm_(torch.bmm(x, a.transpose(1, 2)), g, alpha=-hist.lr)
+        hist.a[:n, s * B:(s + 1) * B] = x
+        ctx.w0, ctx.hist, ctx.s = w0, hist, s
+        return y.add_(b[:, None])
+
+    @staticmethod
+    def backward(ctx, gy):
+        w0, hist, s = ctx.w0, ctx.hist, ctx.s
+        n, B, _ = gy.shape
+        hist.g[:n, s * B:(s + 1) * B] = gy
+        gb = gy.sum(1) if ctx.needs_input_grad[2] else None
+        if not ctx.needs_input_grad[0]:
+            return None, None, gb, None, None
+        a, g = hist.a[:n, :s * B], hist.g[:n, :s * B]
+        if w0.dim() == 2:
+            gx = (gy.reshape(n * B, -1) @ w0).view(n, B, -1)
+        else:
+            gx = torch.bmm(gy, w0)
+        if s:
+            gx.baddbmm_(torch.bmm(gy, g.transpose(1, 2)), a, alpha=-hist.lr)
+        return gx, None, gb, None, None
