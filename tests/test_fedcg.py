@@ -112,7 +112,10 @@ def test_a_step_on_one_domain_reaches_every_connected_domain_through_the_gcn():
         assert (moved[2] > 0) == projection               # only the shared W reaches domain 2
 
 
-def test_soft_assignment_with_one_hot_probabilities_equals_hard_assignment():
+@pytest.mark.parametrize("one_pass", [0, 8])
+def test_soft_assignment_with_one_hot_probabilities_equals_hard_assignment(monkeypatch, one_pass):
+    # one_pass 0: hard assignment runs one pass per domain on its rows; 8: all K kernels, one-hot
+    monkeypatch.setattr("mcfl.models.fedcg.ONE_PASS_MAX_K", one_pass)
     plain = build("digits_cnn", (1, 12, 12), 10)
     net = FedCGNet(plain, (1, 12, 12), 3, layers="conv", dc_width=4, dc_kernel=3, bottleneck=64)
     net.reset_extras(0)
