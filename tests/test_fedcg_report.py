@@ -9,12 +9,13 @@ from mcfl.algorithms.fedcg import Params
 from mcfl.report.fedcg import write_fedcg_report
 
 
-def _run(tmp_path, name, seed, method="FedCG", acc=0.5, **params):
+def _run(tmp_path, name, seed, method="FedCG", acc=0.5, final=None, **params):
     d = tmp_path / f"{name}-{seed}"
     d.mkdir()
     p = {**Params().__dict__, **params} if method == "FedCG" else {}
     final = {"micro_acc": acc, "soft_acc": acc, "hard_acc": acc - 0.1, "acc_seen": acc + 0.1,
-             "acc_unseen": acc - 0.2, "soft_acc_unseen": acc - 0.2, "hard_acc_unseen": acc - 0.3}
+             "acc_unseen": acc - 0.2, "soft_acc_unseen": acc - 0.2, "hard_acc_unseen": acc - 0.3,
+             **(final or {})}
     (d / "metrics.json").write_text(json.dumps({"dataset": "dd", "method": method, "label": name,
                                                 "seed": seed, "params": p, "final": final}))
     return d
@@ -41,3 +42,16 @@ def test_tables_group_runs_by_their_hyperparameters(tmp_path):
     md = (tmp_path / "out" / "tables.md").read_text()
     assert "Table 3" in md and "70.00" in md and "61.00 ± 1.41" in md
     assert pd.read_csv(tmp_path / "out" / "table4.csv").shape[0] == 2
+
+
+def test_table4_pairs_soft_and_hard_per_run_before_averaging(tmp_path):
+    # seed 0: soft 50 vs hard 40 on the unseen domain; seed 1: 70 vs 65 -> paired +10, +5
+    runs = [_run(tmp_path, "FedCG(4)", s, K=4, final={"soft_acc_unseen": su, "hard_acc_unseen": hu})
+            for s, (su, hu) in enumerate([(0.5, 0.4), (0.7, 0.65)])]
+    runs.append(_run(tmp_path, "no-unseen", 0, K=2, final={"soft_acc_unseen": None}))
+    t4 = write_fedcg_report(runs, tmp_path / "out")["table4"].set_index("label")
+    row = t4.loc["FedCG(4)"]
+    assert row["soft-hard_unseen_mean"] == pytest.approx(7.5)
+    assert row["soft-hard_unseen_std"] == pytest.approx(pd.Series([10.0, 5.0]).std())
+    assert row["soft_unseen_std"] > 10 > row["soft-hard_unseen_std"]     # pairing removes the seed spread
+    assert pd.isna(t4.loc["no-unseen", "soft-hard_unseen_mean"])

@@ -124,3 +124,20 @@ def test_the_embedded_fedcg_ablation_config_is_valid():
     runs = expand_runs(load_config(ROOT / "config" / "fedcg-digits.yaml"))
     assert {r["params"]["clustering"] for r in runs if r["method"] == "FedCG"} == {"oracle", "kmeans",
                                                                                   "classifier"}
+
+
+def test_digits_domains_unseen_copies_score_every_test_image_on_both_domains(tmp_path):
+    kw = dict(clients=5, angles=[0, 180], unseen=[90], seed=3)
+    moved = load(prepare("digits_domains", tmp_path / "moved", unseen_fraction=0.3, **kw))
+    both = load(prepare("digits_domains", tmp_path / "both", unseen_fraction=1.0, unseen_copies=True, **kw))
+    assert np.array_equal(both.x_train, moved.x_train) and np.array_equal(both.domain_train, moved.domain_train)
+    assert both.meta["n_test"] == 2 * sum(len(p) for p in np.split(moved.y_test, moved.offsets_test[1:-1]))
+    assert "unseen_copies" not in moved.meta["params"] and both.meta["params"]["unseen_copies"] is True
+    for a, b in zip(both.offsets_test[:-1], both.offsets_test[1:]):
+        half = (b - a) // 2
+        seen, copy = slice(a, a + half), slice(a + half, b)
+        dom, x = both.domain_test[seen], both.x_test[seen]
+        assert set(dom) <= {0, 1} and set(both.domain_test[copy]) == {2}
+        assert np.array_equal(both.y_test[seen], both.y_test[copy])
+        original = np.where((dom == 1)[:, None, None, None], np.rot90(x, 2, axes=(2, 3)), x)
+        assert np.array_equal(both.x_test[copy], np.rot90(original, 1, axes=(2, 3)))   # the same images at 90

@@ -14,7 +14,12 @@ Construction (every draw from ``seed``):
    p_i. Small ``domain_alpha`` = clients dominated by one domain; large = every client a mix.
 4. Each client's images are split train/test by LEAF's by-sample rule (``test_fraction``).
 5. Each test image is moved, with probability ``unseen_fraction``, to an unseen domain (a rotation by
-   one of ``unseen`` degrees, uniformly): those domains never occur in training.
+   one of ``unseen`` degrees, uniformly): those domains never occur in training. With
+   ``unseen_copies`` the chosen test images stay in their seen domain and a rotated copy is added
+   (appended after the client's seen test images): with ``unseen_fraction`` 1 every test image is
+   scored on its seen domain and on an unseen one, which gives the unseen domain as many test
+   images as the seen ones (the default config: 460 instead of ~140, so that a comparison on the
+   unseen domain is not decided by one or two images) and pairs them image by image.
 
 Rotations use ``scipy.ndimage.rotate`` with bilinear interpolation (exact for multiples of 90).
 Domain ids: 0..S-1 for the seen ``angles`` in the given order, S.. for the ``unseen`` angles; they are
@@ -44,7 +49,8 @@ def rotate_images(x: np.ndarray, angle: float) -> np.ndarray:
 
 def make_digits_domains(out: str | Path, *, clients: int = 20, angles: tuple = (0, 60, 120),
                         unseen: tuple = (90,), domain_alpha: float = 0.5, unseen_fraction: float = 0.3,
-                        test_fraction: float = 0.25, pad: int = 2, seed: int = 0) -> Path:
+                        test_fraction: float = 0.25, pad: int = 2, unseen_copies: bool = False,
+                        seed: int = 0) -> Path:
     from sklearn.datasets import load_digits
 
     angles = [float(a) for a in angles]
@@ -73,8 +79,11 @@ def make_digits_domains(out: str | Path, *, clients: int = 20, angles: tuple = (
         tr, te = split_train_test(len(idx), test_fraction, rng)
         dom_te = dom[te].copy()
         move = rng.random(len(te)) < unseen_fraction
-        if unseen:
-            dom_te[move] = len(angles) + rng.integers(0, len(unseen), int(move.sum()))
+        target = len(angles) + rng.integers(0, len(unseen), int(move.sum())) if unseen else []
+        if unseen_copies:
+            te, dom_te = np.concatenate([te, te[move]]), np.concatenate([dom_te, target])
+        elif unseen:
+            dom_te[move] = target
         xs = {}
         for split, rows, d in (("train", tr, dom[tr]), ("test", te, dom_te)):
             xi = x[idx[rows]]
@@ -88,5 +97,7 @@ def make_digits_domains(out: str | Path, *, clients: int = 20, angles: tuple = (
     params = dict(clients=clients, angles=[float(a) for a in angles], unseen=unseen,
                   domain_alpha=domain_alpha, unseen_fraction=unseen_fraction,
                   test_fraction=test_fraction, pad=pad, seed=seed)
+    if unseen_copies:                   # only when set: stores made before the option keep their hash
+        params["unseen_copies"] = True
     return write_store(out, data, n_classes=10, source="digits_domains", params=params, x_scale=1 / 16,
                        domains={"names": names, "unseen": list(range(len(angles), len(all_angles)))})
