@@ -141,3 +141,6 @@ def test_digits_domains_unseen_copies_score_every_test_image_on_both_domains(tmp
         assert np.array_equal(both.y_test[seen], both.y_test[copy])
         original = np.where((dom == 1)[:, None, None, None], np.rot90(x, 2, axes=(2, 3)), x)
         assert np.array_equal(both.x_test[copy], np.rot90(original, 1, axes=(2, 3)))   # the same images at 90
+    none = load(prepare("digits_domains", tmp_path / "none", clients=5, angles=[0, 180], unseen=[],
+                        unseen_fraction=0.0, unseen_copies=True, seed=3))
+    assert none.meta["n_test"] == moved.meta["n_test"] and none.domain_test.dtype.kind == "i"

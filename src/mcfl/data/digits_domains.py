@@ -79,7 +79,7 @@ def make_digits_domains(out: str | Path, *, clients: int = 20, angles: tuple = (
         tr, te = split_train_test(len(idx), test_fraction, rng)
         dom_te = dom[te].copy()
         move = rng.random(len(te)) < unseen_fraction
-        target = len(angles) + rng.integers(0, len(unseen), int(move.sum())) if unseen else []
+        target = len(angles) + rng.integers(0, len(unseen), int(move.sum())) if unseen else np.zeros(0, int)
         if unseen_copies:
             te, dom_te = np.concatenate([te, te[move]]), np.concatenate([dom_te, target])
         elif unseen:
