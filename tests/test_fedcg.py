@@ -268,11 +268,31 @@ def test_runner_reports_soft_hard_and_unseen_domain_accuracy(domains_store, tmp_
     res = train(run, domains_store, tmp_path / "out", progress=False)
     f = res["final"]
     for key in ("micro_acc", "soft_acc", "hard_acc", "acc_unseen", "soft_acc_unseen",
-                "hard_acc_unseen", "acc_dom0", "domain_nmi", "alpha_3", "ari"):
+                "hard_acc_unseen", "soft_only_unseen", "hard_only_unseen", "acc_dom0", "domain_nmi",
+                "alpha_3", "ari"):
         assert key in f, key
     assert f["micro_acc"] == pytest.approx(f["soft_acc"])           # default test assignment: soft
     again = train(run, domains_store, tmp_path / "again", progress=False)
     assert again["final"] == f                                       # seeded: bitwise repeatable
+
+
+def test_discordant_counts_pair_soft_and_hard_on_the_unseen_domain(domains_store):
+    # random residuals and an untrained student: soft and hard assignment disagree on some images
+    algo, fed = _algo(domains_store, residual_init="zero", alpha_init=1.0, relu=False)
+    state = algo.init()
+    g = torch.Generator().manual_seed(0)
+    for *_, theta, _ in algo.layers:
+        state.w[theta] = 0.5 * torch.randn(theta.stop - theta.start, generator=g)
+    f = algo.extra_metrics(state)
+    unseen = np.isin(fed.data.domain_test, fed.data.unseen_domains)
+    rows = torch.arange(len(unseen))
+    hit = {m: (algo._predict(state.w, rows, m, state)[0] == fed.dev.y["test"]).numpy()[unseen]
+           for m in ("soft", "hard")}
+    assert f["soft_only_unseen"] == (hit["soft"] & ~hit["hard"]).sum() > 0
+    assert f["hard_only_unseen"] == (hit["hard"] & ~hit["soft"]).sum()
+    # the paired counts are the accuracy difference, image by image
+    assert (f["soft_only_unseen"] - f["hard_only_unseen"]) / unseen.sum() == pytest.approx(
+        f["soft_acc_unseen"] - f["hard_acc_unseen"])
 
 
 def test_zero_residual_branch_starts_as_the_plain_network_but_trains_at_once():

@@ -46,12 +46,24 @@ def test_tables_group_runs_by_their_hyperparameters(tmp_path):
 
 def test_table4_pairs_soft_and_hard_per_run_before_averaging(tmp_path):
     # seed 0: soft 50 vs hard 40 on the unseen domain; seed 1: 70 vs 65 -> paired +10, +5
-    runs = [_run(tmp_path, "FedCG(4)", s, K=4, final={"soft_acc_unseen": su, "hard_acc_unseen": hu})
-            for s, (su, hu) in enumerate([(0.5, 0.4), (0.7, 0.65)])]
+    # and the paired test: 7 + 5 unseen images only soft gets right, 1 + 2 only hard
+    runs = [_run(tmp_path, "FedCG(4)", s, K=4, final={"soft_acc_unseen": su, "hard_acc_unseen": hu,
+                                                      "soft_only_unseen": w, "hard_only_unseen": l})
+            for s, (su, hu, w, l) in enumerate([(0.5, 0.4, 7, 1), (0.7, 0.65, 5, 2)])]
     runs.append(_run(tmp_path, "no-unseen", 0, K=2, final={"soft_acc_unseen": None}))
+    # a label whose runs do not all have the counts gets no (partial) sum
+    runs += [_run(tmp_path, "mixed", s, K=3, final=f) for s, f in
+             enumerate([{"soft_only_unseen": 4, "hard_only_unseen": 0}, {}])]
     t4 = write_fedcg_report(runs, tmp_path / "out")["table4"].set_index("label")
     row = t4.loc["FedCG(4)"]
     assert row["soft-hard_unseen_mean"] == pytest.approx(7.5)
     assert row["soft-hard_unseen_std"] == pytest.approx(pd.Series([10.0, 5.0]).std())
     assert row["soft_unseen_std"] > 10 > row["soft-hard_unseen_std"]     # pairing removes the seed spread
     assert pd.isna(t4.loc["no-unseen", "soft-hard_unseen_mean"])
+    # exact sign test, 12 wins of 15: 2 * (C(15,12) + C(15,13) + C(15,14) + 1) / 2^15 = 1152 / 32768
+    assert (row["soft_only_unseen"], row["hard_only_unseen"]) == (12, 3)
+    assert row["sign_p_unseen"] == pytest.approx(1152 / 32768)
+    for label in ("no-unseen", "mixed"):
+        assert pd.isna(t4.loc[label, "soft_only_unseen"]) and pd.isna(t4.loc[label, "sign_p_unseen"])
+    md = (tmp_path / "out" / "tables.md").read_text()
+    assert "| sign-test p |" in md and "| 12 | 3 | 0.0352 |" in md

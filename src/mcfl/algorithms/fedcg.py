@@ -49,9 +49,10 @@ the rotations of digits_domains).
 Test (§3.2): w(x) = g_s(x), the student's probabilities (``test_assignment: soft``), so an unseen
 domain is a mix of seen ones; ``hard`` uses the student's argmax; ``source`` the training-time source
 (teacher argmax, the client's k-means cluster, the oracle domain). Evaluation rounds also report
-``soft_acc``/``hard_acc`` (and ``*_acc_unseen``/``*_acc_seen`` on stores with per-sample domains),
-each layer's alpha and, with true domains, ``domain_nmi`` between the student's argmax and the true
-domain of the training samples.
+``soft_acc``/``hard_acc`` (on stores with per-sample domains also ``*_acc_unseen``/``*_acc_seen``,
+and ``soft_only_unseen``/``hard_only_unseen``: how many unseen-domain test images only soft / only
+hard assignment classifies correctly, for a paired test), each layer's alpha and, with true domains,
+``domain_nmi`` between the student's argmax and the true domain of the training samples.
 
 Our addition, ``residual_init: zero`` (with ``alpha_init: 1`` and ``relu: false``): the domain
 parameters start at 0 instead of the layer's random initialisation. Both choices start from the
@@ -331,14 +332,19 @@ class FedCG(Algorithm):
         rows = torch.arange(int(fed.dev.offsets["test"][-1]), device=fed.device)
         owner = self._row_client["test"].cpu().numpy()
         truth = fed.dev.y["test"].cpu().numpy()
-        out = {}
+        out, hit = {}, {}
         for mode in ("soft", "hard"):
             pred = self._predict(state.w, rows, mode, state)[0].cpu().numpy()
             s = summarize(per_client_scores(owner, truth, pred, fed.n_clients, fed.dev.n_classes))
             out[f"{mode}_acc"] = s["micro_acc"]
+            hit[mode] = truth == pred
             if fed.data.domain_test is not None:
-                d = domain_scores(np.asarray(fed.data.domain_test), truth == pred, fed.data.unseen_domains)
+                d = domain_scores(np.asarray(fed.data.domain_test), hit[mode], fed.data.unseen_domains)
                 out.update({f"{mode}_{k}": v for k, v in d.items() if k in ("acc_seen", "acc_unseen")})
+        if "soft_acc_unseen" in out:    # the discordant unseen images, for a paired (sign) test
+            new = np.isin(np.asarray(fed.data.domain_test), list(fed.data.unseen_domains))
+            out["soft_only_unseen"] = float((new & hit["soft"] & ~hit["hard"]).sum())
+            out["hard_only_unseen"] = float((new & hit["hard"] & ~hit["soft"]).sum())
         if fed.data.domain_train is not None:
             from sklearn.metrics import normalized_mutual_info_score
 

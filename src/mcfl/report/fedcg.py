@@ -11,7 +11,10 @@ sample standard deviation over seeds of the final test accuracy in percent.
   the accuracy with soft and with hard test assignment (both measured on the same trained model),
   overall and on the unseen test domains when the data have them, and their paired difference on
   the unseen domains (soft minus hard per run, then mean and std over seeds: the two columns share
-  the model and the test images, so the difference is far less noisy than either column).
+  the model and the test images, so the difference is far less noisy than either column). The
+  paired test of that difference: summed over seeds, the unseen test images that only soft
+  (``soft_only_unseen``) and only hard (``hard_only_unseen``) assignment gets right, and the exact
+  two-sided sign test on them (``sign_p_unseen``; McNemar's exact test, pooling the seeds' models).
 * ``table5.csv`` the comparison with FedAvg (§4.3): every FedAvg and FedCG label per dataset, with
   accuracy overall, on the seen and on the unseen test domains.
 
@@ -63,10 +66,13 @@ def _paired(final: dict) -> dict:
     return {"soft_minus_hard_unseen": final["soft_acc_unseen"] - final["hard_acc_unseen"]}
 
 
-def _aggregate(rows: list[dict], keys: list[str], metrics: dict[str, str]) -> pd.DataFrame:
-    """Mean and std (ddof=1) over seeds of each metric (percent), one row per distinct keys."""
+def _aggregate(rows: list[dict], keys: list[str], metrics: dict[str, str],
+               counts: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Mean and std (ddof=1) over seeds of each metric (percent), and the sum over seeds of each
+    count (NaN unless every run has it), one row per distinct keys."""
     if not rows:
-        return pd.DataFrame(columns=keys + ["n_seeds"] + [f"{n}_{s}" for n in metrics for s in ("mean", "std")])
+        return pd.DataFrame(columns=keys + ["n_seeds"] + [f"{n}_{s}" for n in metrics for s in ("mean", "std")]
+                            + list(counts))
     df = pd.DataFrame(rows)
     out = []
     for key, g in df.groupby(keys, sort=False, dropna=False):
@@ -76,6 +82,9 @@ def _aggregate(rows: list[dict], keys: list[str], metrics: dict[str, str]) -> pd
             v = pd.to_numeric(g[col], errors="coerce").dropna() * 100 if col in g else pd.Series(dtype=float)
             row[f"{name}_mean"] = v.mean() if len(v) else np.nan
             row[f"{name}_std"] = v.std(ddof=1) if len(v) > 1 else np.nan
+        for col in counts:
+            v = pd.to_numeric(g[col], errors="coerce") if col in g else pd.Series([np.nan])
+            row[col] = v.sum() if v.notna().all() else np.nan
         out.append(row)
     return pd.DataFrame(out)
 
@@ -88,12 +97,30 @@ def tables(runs: list[dict]) -> dict[str, pd.DataFrame]:
                     ["dataset", "label", "layers", "A init", "Clusters", "K"],
                     {"acc": "micro_acc", "soft_acc": "soft_acc", "hard_acc": "hard_acc",
                      "soft_unseen": "soft_acc_unseen", "hard_unseen": "hard_acc_unseen",
-                     "soft-hard_unseen": "soft_minus_hard_unseen"})
+                     "soft-hard_unseen": "soft_minus_hard_unseen"},
+                    counts=("soft_only_unseen", "hard_only_unseen"))
+    t4["sign_p_unseen"] = [_sign_p(a, b) for a, b in zip(t4["soft_only_unseen"], t4["hard_only_unseen"])]
     comp = [{"dataset": m["dataset"], "label": m["label"], **m["final"]}
             for m in runs if m["method"] in ("FedAvg", "FedCG")]
     t5 = _aggregate(comp, ["dataset", "label"],
                     {"acc": "micro_acc", "seen": "acc_seen", "unseen": "acc_unseen"})
     return {"table3": t3, "table4": t4, "table5": t5}
+
+
+def _sign_p(wins, losses) -> float:
+    """Exact two-sided sign test of ``wins`` against ``losses`` (NaN without counts, 1 without any)."""
+    if pd.isna(wins) or pd.isna(losses):
+        return np.nan
+    from scipy.stats import binomtest
+
+    n = int(wins) + int(losses)
+    return float(binomtest(int(wins), n, 0.5).pvalue) if n else 1.0
+
+
+#: count and test columns, shown after the percentages: Markdown header and format
+TAIL = {"soft_only_unseen": ("soft only (unseen, Σ seeds)", "{:.0f}"),
+        "hard_only_unseen": ("hard only (unseen, Σ seeds)", "{:.0f}"),
+        "sign_p_unseen": ("sign-test p", "{:.3g}")}
 
 
 def _pm(mean, std) -> str:
@@ -106,12 +133,14 @@ def to_markdown(name: str, t: pd.DataFrame, title: str) -> str:
     if t.empty:
         return f"### {title}\n\n(no runs)\n"
     metrics = [c[:-5] for c in t.columns if c.endswith("_mean")]
-    keys = [c for c in t.columns if c != "n_seeds" and not c.endswith(("_mean", "_std"))]
-    head = keys + ["seeds"] + [f"{m} (%)" for m in metrics]
+    tail = [c for c in TAIL if c in t.columns]
+    keys = [c for c in t.columns if c not in ("n_seeds", *tail) and not c.endswith(("_mean", "_std"))]
+    head = keys + ["seeds"] + [f"{m} (%)" for m in metrics] + [TAIL[c][0] for c in tail]
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in t.iterrows():
         cells = [str(r[k]) for k in keys] + [str(int(r["n_seeds"]))]
         cells += [_pm(r[f"{m}_mean"], r[f"{m}_std"]) for m in metrics]
+        cells += ["" if pd.isna(r[c]) else TAIL[c][1].format(r[c]) for c in tail]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
