@@ -46,7 +46,7 @@ def small_params(method: str) -> dict:
 
 
 def outputs(d: Path) -> dict[str, bytes]:
-    return {f: (d / f).read_bytes() for f in ("history.csv", "assignments.csv")}
+    return {f: (d / f).read_bytes() for f in ("history.csv", "assignments.csv", "predictions.csv")}
 
 
 @pytest.fixture(scope="session")

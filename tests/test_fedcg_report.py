@@ -9,9 +9,12 @@ from mcfl.algorithms.fedcg import Params
 from mcfl.report.fedcg import write_fedcg_report
 
 
-def _run(tmp_path, name, seed, method="FedCG", acc=0.5, final=None, **params):
+def _run(tmp_path, name, seed, method="FedCG", acc=0.5, final=None, pred=None, **params):
     d = tmp_path / f"{name}-{seed}"
     d.mkdir()
+    if pred is not None:                # (labels, predictions) of the test samples
+        pd.DataFrame({"client": "c0", "y": pred[0], "pred": pred[1]}).to_csv(d / "predictions.csv",
+                                                                             index=False)
     p = {**Params().__dict__, **params} if method == "FedCG" else {}
     final = {"micro_acc": acc, "soft_acc": acc, "hard_acc": acc - 0.1, "acc_seen": acc + 0.1,
              "acc_unseen": acc - 0.2, "soft_acc_unseen": acc - 0.2, "hard_acc_unseen": acc - 0.3,
@@ -67,3 +70,27 @@ def test_table4_pairs_soft_and_hard_per_run_before_averaging(tmp_path):
         assert pd.isna(t4.loc[label, "soft_only_unseen"]) and pd.isna(t4.loc[label, "sign_p_unseen"])
     md = (tmp_path / "out" / "tables.md").read_text()
     assert "| sign-test p |" in md and "| 12 | 3 | 0.0352 |" in md
+
+
+def test_table5_pairs_each_fedcg_run_with_the_fedavg_run_of_its_seed(tmp_path):
+    y = [0, 1, 2, 3, 4, 5]
+    # seed 0: FedAvg right on 0-3, FedCG on 2-5 -> only FedCG 2 (4, 5), only FedAvg 2 (0, 1)
+    # seed 1: FedAvg right on 0-1, FedCG on 0-5 -> only FedCG 4; pooled 6 vs 2
+    avg = {0: [0, 1, 2, 3, 0, 0], 1: [0, 1, 0, 0, 0, 0]}
+    cg = {0: [1, 0, 2, 3, 4, 5], 1: y}
+    runs = [_run(tmp_path, "FedAvg", s, method="FedAvg", pred=(y, avg[s])) for s in (0, 1)]
+    runs += [_run(tmp_path, "FedCG(3)", s, K=3, pred=(y, cg[s])) for s in (0, 1)]
+    runs += [_run(tmp_path, "no-pred", 0, K=4)]
+    t5 = write_fedcg_report(runs, tmp_path / "out")["table5"].set_index("label")
+    assert (t5.loc["FedCG(3)", "only_this"], t5.loc["FedCG(3)", "only_fedavg"]) == (6, 2)
+    # 2 * P(X >= 6), X ~ Bin(8, 1/2) = 2 * (28 + 8 + 1) / 256
+    assert t5.loc["FedCG(3)", "sign_p_fedavg"] == pytest.approx(74 / 256)
+    assert pd.isna(t5.loc["FedAvg", "only_this"]) and pd.isna(t5.loc["no-pred", "sign_p_fedavg"])
+    assert "| 6 | 2 | 0.289 |" in (tmp_path / "out" / "tables.md").read_text()
+
+
+def test_table5_refuses_runs_on_different_test_samples(tmp_path):
+    runs = [_run(tmp_path, "FedAvg", 0, method="FedAvg", pred=([0, 1], [0, 1])),
+            _run(tmp_path, "FedCG(3)", 0, K=3, pred=([1, 1], [1, 1]))]
+    with pytest.raises(ValueError, match=r"FedCG\(3\)-0/predictions.csv and .*different test samples"):
+        write_fedcg_report(runs, tmp_path / "out")

@@ -3,6 +3,7 @@
 import pandas as pd
 import pytest
 
+from conftest import ROOT
 from test_workflow import job_counts, snakemake, write_config
 
 pytestmark = pytest.mark.slow
@@ -32,9 +33,21 @@ def test_fedcg_tables_are_built_from_the_runs(tmp_path, cli_env):
     assert t3["label"].tolist() == ["Oracle(2)"] and t3["A"].tolist() == ["H"]
     assert t4["label"].tolist() == ["FedCG(2)"] and {"soft_acc_mean", "hard_unseen_mean"} <= set(t4)
     assert t5["label"].tolist() == ["FedAvg", "FedCG(2)", "Oracle(2)"] and t5["unseen_mean"].notna().all()
+    pair = t5.set_index("label")[["only_this", "only_fedavg", "sign_p_fedavg"]]    # from predictions.csv
+    assert pair.loc[["FedCG(2)", "Oracle(2)"]].notna().all().all() and pair.loc["FedAvg"].isna().all()
     assert "Table 4" in (out / "tables.md").read_text()
 
     without = dict(TINY, methods=[{"method": "FedAvg"}])
     write_config(tmp_path, without)
     dry = snakemake(tmp_path, cli_env, "-n", "--forceall")
     assert "fedcg_tables" not in job_counts(dry.stdout)
+
+
+def test_six_seeds_overlay_retrains_fedcg_tables_in_its_own_directory(tmp_path, cli_env):
+    r = snakemake(tmp_path, cli_env, "-n", "--configfile", str(ROOT / "config" / "config.yaml"),
+                  str(ROOT / "config" / "six-seeds.yaml"), "--", "results-6seeds/fedcg/tables.md")
+    assert r.returncode == 0, r.stderr[-3000:]
+    counts = job_counts(r.stdout)
+    assert counts["train"] == 3 * 6 and counts["fedcg_tables"] == 1     # FedAvg, FedCG(3), FedCG(4)
+    assert "results-6seeds/runs/digits_domains/FedCG-K4/seed5/metrics.json" in r.stdout
+    assert " results/runs/" not in r.stdout

@@ -37,3 +37,12 @@ def test_outputs_have_assignments_and_identity(digits_store, tmp_path):
     assert (a["true_cluster"].values >= 0).all()
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["data_hash"] and m["git"] and {"ari", "nmi", "micro_acc"} <= set(m["final"])
+    # every test sample's final prediction, in store order: their accuracy is the reported one
+    from mcfl.data import load
+
+    data = load(digits_store)
+    p = pd.read_csv(tmp_path / "predictions.csv")
+    assert len(p) == sum(data.n_test()) and (p["pred"] >= 0).all()
+    assert p["client"].tolist() == np.repeat(data.client_ids, data.n_test()).tolist()
+    assert p["y"].tolist() == np.asarray(data.y_test).tolist()
+    assert (p["y"] == p["pred"]).mean() == pytest.approx(res["final"]["micro_acc"])

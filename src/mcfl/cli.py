@@ -339,7 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_fedgsp_parser(sub)
     p = sub.add_parser("report-fedcg", help="FedCG's ablation tables (Tables 3-5) from run directories")
     p.add_argument("--out", required=True, help="output directory (table3-5.csv, tables.md)")
-    p.add_argument("runs", nargs="+", help="run directories of FedCG and FedAvg runs")
+    p.add_argument("runs", nargs="+", help="run directories of FedCG and FedAvg runs (metrics.json, "
+                                           "predictions.csv)")
     return ap
 
 

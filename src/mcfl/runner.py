@@ -9,6 +9,9 @@ last, so a killed job leaves nothing the report could take for a result):
 * ``history.csv``      one row per round: train loss, the algorithm's diagnostics, and test metrics
   on evaluation rounds;
 * ``assignments.csv``  client id, true cluster, final cluster (blank for unclustered methods);
+* ``predictions.csv``  the final evaluation's prediction for every test sample, in the store's test
+  order (client id, label ``y``, prediction ``pred``, and ``domain`` on stores with per-sample
+  domains): runs on the same store can be compared image by image (a paired test);
 * ``state.pt``         a clustered method's final state (FeSEM: centres and assignments), for the
   clustering figure (:mod:`mcfl.report.figures`); an empty dict for other methods;
 * ``metrics.json``     the run's identity (config, git revision, data hash) and final metrics.
@@ -49,8 +52,9 @@ FINETUNE = 7
 
 # ------------------------------------------------------------------------------------- evaluation
 def evaluate(algo: algorithms.Algorithm, state, fed: Federation, *, finetune_epochs: int = 0,
-             rnd: int = 0) -> dict[str, float]:
-    """Test every client with the model ``algo.eval_models`` gives it; metrics per :mod:`mcfl.metrics`."""
+             rnd: int = 0) -> tuple[dict[str, float], np.ndarray]:
+    """Test every client with the model ``algo.eval_models`` gives it: metrics per
+    :mod:`mcfl.metrics`, and the predicted label of every test row (store order)."""
     off = fed.dev.offsets["test"]
     owners, truths, preds, losses, all_rows = [], [], [], [], []
     tested = np.zeros(fed.n_clients, dtype=np.int64)
@@ -91,7 +95,9 @@ def evaluate(algo: algorithms.Algorithm, state, fed: Federation, *, finetune_epo
         out.update(domain_scores(np.asarray(fed.data.domain_test)[np.concatenate(all_rows)], hit,
                                  fed.data.unseen_domains))
     out.update(algo.extra_metrics(state))
-    return out
+    pred = np.full(int(off[-1]), -1, dtype=np.int64)
+    pred[np.concatenate(all_rows)] = np.concatenate(preds)
+    return out, pred
 
 
 # ---------------------------------------------------------------------------------- checkpointing
@@ -145,7 +151,7 @@ def configure_torch(device: torch.device, threads: int) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-OUTPUTS = ("history.csv", "assignments.csv", "metrics.json")     # written in this order
+OUTPUTS = ("history.csv", "assignments.csv", "predictions.csv", "metrics.json")   # in this order
 
 
 def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
@@ -194,7 +200,9 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
             state, diag = algo.round(state, fed.clients(r), r)
             row = {"round": r, **diag}
             if r % every == 0 or r == rounds:
-                row.update(evaluate(algo, state, fed, finetune_epochs=int(tcfg.get("finetune_epochs", 0)), rnd=r))
+                scores, pred = evaluate(algo, state, fed, finetune_epochs=int(tcfg.get("finetune_epochs", 0)),
+                                        rnd=r)
+                row.update(scores)
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(acc=f"{row['micro_acc']:.3f}", loss=f"{row['train_loss']:.3f}")
             _check_finite(row, r)
@@ -204,7 +212,8 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
                 _save_checkpoint(ckpt_path, algo, state, r, rows, identity, tracking_id)
                 tracker.flush()
         final = {k: v for k, v in rows[-1].items() if k != "round"}
-        result = _write_outputs(out_dir, run, identity, algo, state, fed, rows, final, time.time() - t0)
+        result = _write_outputs(out_dir, run, identity, algo, state, fed, rows, final, pred,
+                                time.time() - t0)
         tracker.artifacts([out_dir / f for f in OUTPUTS])
         status = "FINISHED"
     except (KeyboardInterrupt, SystemExit):     # Ctrl-C, or SIGTERM (the CLI turns it into SystemExit)
@@ -234,7 +243,7 @@ def _progress(it, run, enabled):
                 mininterval=1.0, dynamic_ncols=True)
 
 
-def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, wall) -> dict:
+def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, pred, wall) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(out_dir / "history.csv") as tmp:
         pd.DataFrame(rows).to_csv(tmp, index=False)
@@ -244,6 +253,12 @@ def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, 
         pd.DataFrame({"client": fed.data.client_ids,
                       "true_cluster": truth if truth is not None else pd.NA,
                       "cluster": assign if assign is not None else pd.NA}).to_csv(tmp, index=False)
+    test = {"client": np.repeat(np.asarray(fed.data.client_ids), fed.dev.n_test),
+            "y": fed.dev.y["test"].cpu().numpy(), "pred": pred}
+    if fed.data.domain_test is not None:
+        test["domain"] = np.asarray(fed.data.domain_test)
+    with atomic_path(out_dir / "predictions.csv") as tmp:
+        pd.DataFrame(test).to_csv(tmp, index=False)
     _write_state(out_dir / "state.pt", algo, state)
     result = {"dataset": run["dataset"], "method": run["method"], "label": run["label"],
               "run_id": run["run_id"], "seed": run["seed"], "params": run["params"],

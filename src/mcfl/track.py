@@ -191,14 +191,16 @@ RECORD_TAG = "mcfl_record"
 
 def record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tuple[str, str]]:
     """Record finished runs from their files (``metrics.json`` with the resolved config,
-    ``history.csv``, ``assignments.csv``) as live tracking would have: one MLflow run each, nested
-    under ``$MCFL_SWEEP_RUN_ID`` if set. A run directory whose ``metrics.json`` is already recorded
-    (tag ``mcfl_record``: its sha256) is skipped, so rerunning after a partial rerun of the DAG adds
-    only the new results. Returns (run directory, MLflow run id) pairs."""
+    ``history.csv``; the run's outputs as artifacts) as live tracking would have: one MLflow run
+    each, nested under ``$MCFL_SWEEP_RUN_ID`` if set. A run directory whose ``metrics.json`` is
+    already recorded (tag ``mcfl_record``: its sha256) is skipped, so rerunning after a partial
+    rerun of the DAG adds only the new results. Returns (run directory, MLflow run id) pairs."""
     import hashlib
     import math
 
     import pandas as pd
+
+    from mcfl.runner import OUTPUTS
 
     client = _client()
     exp = experiment_id(client, experiment)
@@ -227,7 +229,7 @@ def record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tup
         t = MLflowTracker(experiment, client=client)
         t.start(m["config"], {k: m[k] for k in ("git", "data_hash", "run_hash")}, history=rows,
                 tags={RECORD_TAG: key})
-        t.artifacts([d / f for f in ("history.csv", "assignments.csv", "metrics.json")])
+        t.artifacts([d / f for f in OUTPUTS if (d / f).exists()])
         t.end("FINISHED")
         out.append((str(d), t.run_id))
     return out

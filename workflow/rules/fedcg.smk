@@ -10,6 +10,7 @@ if FEDCG_RUNS:
     rule fedcg_tables:
         input:
             [d + "/metrics.json" for d in FEDCG_RUNS],
+            [d + "/predictions.csv" for d in FEDCG_RUNS],    # Table 5's image-by-image comparison
         output:
             table3=report(RES + "/fedcg/table3.csv", caption="../report/fedcg_table3.rst", category="FedCG"),
             table4=report(RES + "/fedcg/table4.csv", caption="../report/fedcg_table4.rst", category="FedCG"),
@@ -18,7 +19,7 @@ if FEDCG_RUNS:
         log:
             "logs/fedcg_tables.log",
         params:
-            runs=lambda w, input: " ".join(os.path.dirname(f) for f in input),
+            runs=" ".join(FEDCG_RUNS),
         shell:
             "mcfl report-fedcg --out {RES}/fedcg {params.runs} > {log} 2>&1"
 

@@ -16,6 +16,7 @@ rule train:
         metrics=RUN_DIR + "/metrics.json",
         history=RUN_DIR + "/history.csv",
         assignments=RUN_DIR + "/assignments.csv",
+        predictions=RUN_DIR + "/predictions.csv",
         state=RUN_DIR + "/state.pt",
     log:
         "logs/train/{dataset}/{run}/seed{seed}.log",

@@ -16,7 +16,10 @@ sample standard deviation over seeds of the final test accuracy in percent.
   (``soft_only_unseen``) and only hard (``hard_only_unseen``) assignment gets right, and the exact
   two-sided sign test on them (``sign_p_unseen``; McNemar's exact test, pooling the seeds' models).
 * ``table5.csv`` the comparison with FedAvg (§4.3): every FedAvg and FedCG label per dataset, with
-  accuracy overall, on the seen and on the unseen test domains.
+  accuracy overall, on the seen and on the unseen test domains, and for FedCG rows the same paired
+  test against FedAvg from the runs' ``predictions.csv``: summed over seeds, the test images only
+  this row (``only_this``) and only FedAvg (``only_fedavg``) gets right, each FedCG run paired with
+  the FedAvg run of its dataset and seed, and the sign test (``sign_p_fedavg``).
 
 ``tables.md`` shows the three as Markdown.
 """
@@ -36,7 +39,17 @@ CLUSTERS = {"classifier": "Clf", "kmeans": "K-means", "oracle": "oracle"}
 
 
 def load_runs(run_dirs: list[Path]) -> list[dict]:
-    return [json.loads((Path(d) / "metrics.json").read_text()) for d in run_dirs]
+    """Each run's ``metrics.json``, with ``hit`` (per test sample: correct?) from its
+    ``predictions.csv`` when it has one."""
+    runs = []
+    for d in map(Path, run_dirs):
+        m = json.loads((d / "metrics.json").read_text())
+        if (d / "predictions.csv").is_file():
+            p = pd.read_csv(d / "predictions.csv", usecols=["y", "pred"])
+            m["hit"] = (p["y"] == p["pred"]).to_numpy()
+            m["y"], m["path"] = p["y"].to_numpy(), d / "predictions.csv"
+        runs.append(m)
+    return runs
 
 
 def _model(p: dict) -> str:
@@ -71,8 +84,8 @@ def _aggregate(rows: list[dict], keys: list[str], metrics: dict[str, str],
     """Mean and std (ddof=1) over seeds of each metric (percent), and the sum over seeds of each
     count (NaN unless every run has it), one row per distinct keys."""
     if not rows:
-        return pd.DataFrame(columns=keys + ["n_seeds"] + [f"{n}_{s}" for n in metrics for s in ("mean", "std")]
-                            + list(counts))
+        stats = [f"{n}_{s}" for n in metrics for s in ("mean", "std")]
+        return pd.DataFrame(columns=keys + ["n_seeds"] + stats + list(counts))
     df = pd.DataFrame(rows)
     out = []
     for key, g in df.groupby(keys, sort=False, dropna=False):
@@ -100,11 +113,26 @@ def tables(runs: list[dict]) -> dict[str, pd.DataFrame]:
                      "soft-hard_unseen": "soft_minus_hard_unseen"},
                     counts=("soft_only_unseen", "hard_only_unseen"))
     t4["sign_p_unseen"] = [_sign_p(a, b) for a, b in zip(t4["soft_only_unseen"], t4["hard_only_unseen"])]
-    comp = [{"dataset": m["dataset"], "label": m["label"], **m["final"]}
+    fedavg = {(m["dataset"], m["seed"]): m for m in runs if m["method"] == "FedAvg"}
+    comp = [{"dataset": m["dataset"], "label": m["label"], **m["final"],
+             **(_against(m, fedavg.get((m["dataset"], m["seed"]))) if m["method"] == "FedCG" else {})}
             for m in runs if m["method"] in ("FedAvg", "FedCG")]
     t5 = _aggregate(comp, ["dataset", "label"],
-                    {"acc": "micro_acc", "seen": "acc_seen", "unseen": "acc_unseen"})
+                    {"acc": "micro_acc", "seen": "acc_seen", "unseen": "acc_unseen"},
+                    counts=("only_this", "only_fedavg"))
+    t5["sign_p_fedavg"] = [_sign_p(a, b) for a, b in zip(t5["only_this"], t5["only_fedavg"])]
     return {"table3": t3, "table4": t4, "table5": t5}
+
+
+def _against(run: dict, base: dict | None) -> dict:
+    """The test images only ``run`` and only ``base`` classifies correctly (both need predictions)."""
+    if base is None or "hit" not in run or "hit" not in base:
+        return {}
+    if not np.array_equal(run["y"], base["y"]):
+        raise ValueError(f"{run['path']} and {base['path']}: different test samples (labels differ), so "
+                         f"they cannot be compared image by image; were they trained on the same store?")
+    return {"only_this": int((run["hit"] & ~base["hit"]).sum()),
+            "only_fedavg": int((base["hit"] & ~run["hit"]).sum())}
 
 
 def _sign_p(wins, losses) -> float:
@@ -120,7 +148,10 @@ def _sign_p(wins, losses) -> float:
 #: count and test columns, shown after the percentages: Markdown header and format
 TAIL = {"soft_only_unseen": ("soft only (unseen, Σ seeds)", "{:.0f}"),
         "hard_only_unseen": ("hard only (unseen, Σ seeds)", "{:.0f}"),
-        "sign_p_unseen": ("sign-test p", "{:.3g}")}
+        "sign_p_unseen": ("sign-test p", "{:.3g}"),
+        "only_this": ("only this right (Σ seeds)", "{:.0f}"),
+        "only_fedavg": ("only FedAvg right (Σ seeds)", "{:.0f}"),
+        "sign_p_fedavg": ("sign-test p", "{:.3g}")}
 
 
 def _pm(mean, std) -> str:
