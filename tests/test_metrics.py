@@ -33,3 +33,14 @@ def test_clustering_scores_are_label_permutation_invariant():
     assert clustering_scores(np.array([2, 2, 0, 0, 1, 1]), truth)["ari"] == pytest.approx(1.0)
     assert clustering_scores(np.array([0, 1, 0, 1, 0, 1]), truth)["ari"] < 0.1
     assert clustering_scores(np.array([0, 1]), None) == {}
+
+
+def test_paired_counts_and_sign_test_by_hand():
+    from mcfl.metrics import paired_counts, sign_test_p
+
+    a = [1, 1, 1, 0, 0, 1]          # only a right: samples 1, 2; only b right: sample 3
+    b = [1, 0, 0, 1, 0, 1]
+    assert paired_counts(a, b) == (2, 1) and paired_counts(b, a) == (1, 2)
+    assert sign_test_p(2, 1) == pytest.approx(1.0)                  # 2 * P(X >= 2 | 3) = 2 * 4/8
+    assert sign_test_p(6, 0) == pytest.approx(2 / 64)               # 2 * (1/2)^6
+    assert sign_test_p(0, 0) == 1.0

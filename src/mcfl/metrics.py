@@ -22,6 +22,9 @@ and tested for equality with scikit-learn's per-client ``f1_score``.
 Stores that label every test sample with a domain (FedCG's setting) also get ``acc_dom<d>``, the
 accuracy over the test samples of domain d, and ``acc_seen``/``acc_unseen``, the accuracy over the
 samples of the domains that do/do not occur in training.
+
+Two classifiers scored on the same test samples are compared by ``paired_counts`` (the samples only
+one of them gets right) and ``sign_test_p`` on those counts (McNemar's exact test).
 """
 
 from __future__ import annotations
@@ -84,3 +87,17 @@ def domain_scores(domain: np.ndarray, hit: np.ndarray, unseen=()) -> dict[str, f
         if (~new).any():
             out["acc_seen"] = float(hit[~new].mean())
     return out
+
+
+def paired_counts(hit_a: np.ndarray, hit_b: np.ndarray) -> tuple[int, int]:
+    """The samples only ``a`` and only ``b`` classifies correctly, from both per-sample hits."""
+    a, b = np.asarray(hit_a, dtype=bool), np.asarray(hit_b, dtype=bool)
+    return int((a & ~b).sum()), int((b & ~a).sum())
+
+
+def sign_test_p(only_a: int, only_b: int) -> float:
+    """Exact two-sided sign test of the discordant counts (1.0 when there are none)."""
+    from scipy.stats import binomtest
+
+    n = int(only_a) + int(only_b)
+    return float(binomtest(int(only_a), n, 0.5).pvalue) if n else 1.0

@@ -87,7 +87,7 @@ import torch.nn.functional as F
 from mcfl.aggregate import WeightedSum
 from mcfl.algorithms.base import Algorithm
 from mcfl.engine import FlatModel, LocalTrainer, Task, derive_seed, generator
-from mcfl.metrics import domain_scores, per_client_scores, summarize
+from mcfl.metrics import domain_scores, paired_counts, per_client_scores, summarize
 from mcfl.models.fedcg import (FedCGNet, distance_adjacency, hamming_adjacency, random_adjacency,
                                uniform_adjacency)
 
@@ -343,8 +343,8 @@ class FedCG(Algorithm):
                 out.update({f"{mode}_{k}": v for k, v in d.items() if k in ("acc_seen", "acc_unseen")})
         if "soft_acc_unseen" in out:    # the discordant unseen images, for a paired (sign) test
             new = np.isin(np.asarray(fed.data.domain_test), list(fed.data.unseen_domains))
-            out["soft_only_unseen"] = float((new & hit["soft"] & ~hit["hard"]).sum())
-            out["hard_only_unseen"] = float((new & hit["hard"] & ~hit["soft"]).sum())
+            only = paired_counts(hit["soft"][new], hit["hard"][new])
+            out["soft_only_unseen"], out["hard_only_unseen"] = map(float, only)
         if fed.data.domain_train is not None:
             from sklearn.metrics import normalized_mutual_info_score
 

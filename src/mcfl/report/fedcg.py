@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from mcfl.io import atomic_path, write_text
+from mcfl.metrics import paired_counts, sign_test_p
 
 ADJ = {"uniform": "U", "hamming": "H", "distance": "D"}
 CLUSTERS = {"classifier": "Clf", "kmeans": "K-means", "oracle": "oracle"}
@@ -131,18 +132,12 @@ def _against(run: dict, base: dict | None) -> dict:
     if not np.array_equal(run["y"], base["y"]):
         raise ValueError(f"{run['path']} and {base['path']}: different test samples (labels differ), so "
                          f"they cannot be compared image by image; were they trained on the same store?")
-    return {"only_this": int((run["hit"] & ~base["hit"]).sum()),
-            "only_fedavg": int((base["hit"] & ~run["hit"]).sum())}
+    return dict(zip(("only_this", "only_fedavg"), paired_counts(run["hit"], base["hit"])))
 
 
 def _sign_p(wins, losses) -> float:
-    """Exact two-sided sign test of ``wins`` against ``losses`` (NaN without counts, 1 without any)."""
-    if pd.isna(wins) or pd.isna(losses):
-        return np.nan
-    from scipy.stats import binomtest
-
-    n = int(wins) + int(losses)
-    return float(binomtest(int(wins), n, 0.5).pvalue) if n else 1.0
+    """:func:`mcfl.metrics.sign_test_p`, NaN where a row has no counts."""
+    return np.nan if pd.isna(wins) or pd.isna(losses) else sign_test_p(wins, losses)
 
 
 #: count and test columns, shown after the percentages: Markdown header and format
