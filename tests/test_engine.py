@@ -65,6 +65,21 @@ def test_proximal_term_adds_mu_times_distance_to_the_gradient(tmp_path):
     assert torch.allclose(linear - plain, -0.5 * lin, atol=1e-6)
 
 
+def test_gradient_clipping_rescales_a_long_step_to_max_norm_and_leaves_a_short_one(tmp_path):
+    fm, tr, x, y = _linear_setup(tmp_path, n=6, lr=0.5, batch_size=6, steps=1)
+    w0 = fm.get()
+    step = w0 - tr.train(Task(0, w0), rnd=1).weights                   # lr * g, unclipped
+    norm = float(step.norm()) / 0.5
+    clip = lambda c: LocalTrainer(fm, tr.data, LocalSpec(lr=0.5, batch_size=6, steps=1,
+                                                         max_grad_norm=c), seed=0)
+    # ||g|| > c: w1 = w0 - lr * c * g / ||g||  (a step of length lr * c, same direction)
+    short = w0 - clip(norm / 4).train(Task(0, w0), rnd=1).weights
+    assert torch.allclose(short, step / 4, atol=1e-6)
+    assert float(short.norm()) == pytest.approx(0.5 * norm / 4, rel=1e-5)
+    # ||g|| <= c: the factor is exactly 1, so the step is bitwise the unclipped one
+    assert torch.equal(w0 - clip(norm * 2).train(Task(0, w0), rnd=1).weights, step)
+
+
 def test_leaf_batching_covers_each_epoch_and_counts_steps(tmp_path):
     fm, tr, x, y = _linear_setup(tmp_path, n=7, batch_size=3, epochs=2)
     batches = list(tr.batches(0, rnd=1))

@@ -63,6 +63,23 @@ def test_batched_equals_sequential_on_digits_cnn(digits_store, train):
     _assert_same(bat, one)
 
 
+def test_batched_clips_each_clients_gradient_like_sequential(digits_store):
+    """max_grad_norm: the batched executor clips per client (and leaves its low-rank path, which
+    never forms the full gradient); the clip binds on most steps here, so ignoring it would show."""
+    cfg = {"lr": 0.1, "rounds": 1, "local_epochs": 1, "batch_size": 5, "max_grad_norm": 0.05}
+    fed = build_federation(load(digits_store), {"name": "digits_cnn"}, cfg, seed=3)
+    assert fed.trainer.spec.max_grad_norm == 0.05
+    tasks = [Task(int(c), fed.w0) for c in range(fed.n_clients)]
+    seq = _results(fed.trainer, tasks)
+    bat = BatchedTrainer(fed.model, fed.dev, fed.trainer.spec, fed.seed, chunk=5)
+    assert bat._lazy and not bat._lazy_layers(tasks, 10)           # low-rank path off when clipping
+    _assert_same(seq, _results(bat, tasks))
+    free = build_federation(load(digits_store), {"name": "digits_cnn"}, {**cfg, "max_grad_norm": None},
+                            seed=3)
+    unclipped = _results(free.trainer, tasks)
+    assert max(float((unclipped[c][0] - seq[c][0]).abs().max()) for c in seq) > 1e-3
+
+
 def _ragged_store(tmp_path, sizes=(1, 3, 7, 12, 4, 2)):
     rng = np.random.default_rng(0)
     clients = []

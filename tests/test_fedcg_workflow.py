@@ -43,11 +43,18 @@ def test_fedcg_tables_are_built_from_the_runs(tmp_path, cli_env):
     assert "fedcg_tables" not in job_counts(dry.stdout)
 
 
-def test_six_seeds_overlay_retrains_fedcg_tables_in_its_own_directory(tmp_path, cli_env):
-    r = snakemake(tmp_path, cli_env, "-n", "--configfile", str(ROOT / "config" / "config.yaml"),
-                  str(ROOT / "config" / "six-seeds.yaml"), "--", "results-6seeds/fedcg/tables.md")
+@pytest.mark.parametrize("overlay, res, seeds, train", [
+    ("six-seeds.yaml", "results-6seeds", 6, '"rounds":60'),
+    ("fedcg-150.yaml", "results-fedcg150", 3, '"max_grad_norm":5.0,"rounds":150'),
+])
+def test_overlays_retrain_fedcg_tables_in_their_own_directory(tmp_path, cli_env, overlay, res,
+                                                               seeds, train):
+    r = snakemake(tmp_path, cli_env, "-n", "-p", "--configfile", str(ROOT / "config" / "config.yaml"),
+                  str(ROOT / "config" / overlay), "--", f"{res}/fedcg/tables.md")
     assert r.returncode == 0, r.stderr[-3000:]
     counts = job_counts(r.stdout)
-    assert counts["train"] == 3 * 6 and counts["fedcg_tables"] == 1     # FedAvg, FedCG(3), FedCG(4)
-    assert "results-6seeds/runs/digits_domains/FedCG-K4/seed5/metrics.json" in r.stdout
-    assert " results/runs/" not in r.stdout
+    assert counts["train"] == 3 * seeds and counts["fedcg_tables"] == 1   # FedAvg, FedCG(3), FedCG(4)
+    assert f"{res}/runs/digits_domains/FedCG-K4/seed{seeds - 1}/metrics.json" in r.stdout
+    assert f"log: {res}/logs/train/digits_domains/FedAvg/seed0.log" in r.stdout   # not the default's
+    assert " results/runs/" not in r.stdout and " logs/train" not in r.stdout
+    assert r.stdout.count(train) == 3 * seeds

@@ -321,7 +321,8 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
 
 
 #: the training settings a clustered run's initial centres depend on (the clients' first local models)
-INIT_TRAIN_KEYS = ("lr", "batch_size", "local_epochs", "local_steps", "executor", "executor_chunk")
+INIT_TRAIN_KEYS = ("lr", "batch_size", "local_epochs", "local_steps", "max_grad_norm", "executor",
+                   "executor_chunk")
 
 
 def centre_options(params) -> dict:

@@ -139,14 +139,28 @@ class DeviceData:
 
 
 # ---------------------------------------------------------------------------------- local training
+def clip_coef(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Gradient clipping's factor, ``torch.nn.utils.clip_grad_norm_``'s rule:
+    min(1, max_norm / (||g|| + 1e-6)); exactly 1 when ||g|| is within the bound."""
+    return (max_norm / (norm + 1e-6)).clamp(max=1.0)
+
+
+def clip_(g: list[torch.Tensor], max_norm: float) -> None:
+    """Rescale the gradient ``g`` (one tensor per parameter) in place to L2 norm at most ``max_norm``."""
+    torch._foreach_mul_(g, clip_coef(torch.nn.utils.get_total_norm(g), max_norm))
+
+
 @dataclass(frozen=True)
 class LocalSpec:
-    """Hyperparameters of local SGD. Exactly one of ``epochs``/``steps`` is used (steps wins)."""
+    """Hyperparameters of local SGD. Exactly one of ``epochs``/``steps`` is used (steps wins).
+    ``max_grad_norm``: each step's gradient (proximal and linear terms included) is rescaled to at
+    most this L2 norm, as ``torch.nn.utils.clip_grad_norm_`` does (None = no clipping)."""
 
     lr: float
     batch_size: int = 10
     epochs: int = 1
     steps: int | None = None
+    max_grad_norm: float | None = None
 
 
 def n_steps(n: int, spec: LocalSpec) -> int:
@@ -235,6 +249,8 @@ class LocalTrainer:
                     torch._foreach_add_(g, torch._foreach_sub(w, anchor), alpha=task.mu)
                 if linear is not None:                            # g += linear
                     torch._foreach_add_(g, linear)
+                if spec.max_grad_norm is not None:
+                    clip_(g, spec.max_grad_norm)
                 torch._foreach_add_(w, g, alpha=-spec.lr)         # w -= lr g
             loss_sum += loss.detach()
             steps += 1
@@ -243,8 +259,7 @@ class LocalTrainer:
         # A sum is finite iff every entry is (or weights near 1e38/|W|: diverged anyway); one pass
         # over the weights instead of isfinite's four.
         if not math.isfinite(mean_loss) or not math.isfinite(float(out.sum())):
-            raise DivergenceError(f"round {rnd}, client {task.client}: local training diverged "
-                                  f"(mean loss {mean_loss}); lower the learning rate")
+            raise DivergenceError.local(rnd, task.client, mean_loss)
         return LocalResult(out, mean_loss, int(self.data.n_train[task.client]), steps)
 
     @staticmethod

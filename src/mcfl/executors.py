@@ -32,7 +32,8 @@ client. Other parametrised children run ``vmap(functional_call)`` on their own p
 applies to ``nn.Sequential`` models, to Linear layers with a bias whose history (longest client's
 steps x batch) is at most ``LOWRANK`` x min(in, out) (the correction terms grow with it; on the
 FEMNIST CNN's 3136x2048 layer, one CPU thread, it still paid at 0.5 and broke even near 1.0),
-and only to chunks without proximal or linear terms (those make the update full-rank); otherwise
+and only to chunks without proximal or linear terms (those make the update full-rank) and without
+gradient clipping (``max_grad_norm``: it needs each step's full gradient norm); otherwise
 the chunk runs the stacked path above. Its automatic chunk size counts, per client, two copies of
 the weights (the result, W0 when not shared) and the history, instead of the stacked path's six.
 
@@ -53,7 +54,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from mcfl.engine import (DeviceData, DivergenceError, FlatModel, LocalResult, LocalSpec,
-                         LocalTrainer, Task, n_steps)
+                         LocalTrainer, Task, clip_coef, n_steps)
 
 EXECUTORS = ("sequential", "batched")
 #: Device memory the automatic chunk size aims at for the stacked per-client state (CPU: fixed;
@@ -191,8 +192,7 @@ class BatchedTrainer(LocalTrainer):
         out = []
         for i, t in enumerate(tasks):
             if not math.isfinite(mean_loss[i]) or not bool(finite[i]):
-                raise DivergenceError(f"round {rnd}, client {t.client}: local training diverged "
-                                      f"(mean loss {mean_loss[i]}); lower the learning rate")
+                raise DivergenceError.local(rnd, t.client, mean_loss[i])
             out.append(LocalResult(weights[i], mean_loss[i], int(self.data.n_train[t.client]), int(steps[i])))
         return out
 
@@ -226,6 +226,8 @@ class BatchedTrainer(LocalTrainer):
                     g.addcmul_(ws - anchor[:n], mu[:n])
                 if linear is not None:                                 # g += linear
                     g.add_(linear[:n])
+                if spec.max_grad_norm is not None:                     # clip each client's g
+                    g.mul_(clip_coef(g.norm(dim=1, keepdim=True), spec.max_grad_norm))
                 ws.add_(g, alpha=-spec.lr)                             # w -= lr g
             loss_sum[:n] += loss
         return self._results(tasks, rnd, list(w.clone()), loss_sum, steps)
@@ -236,8 +238,9 @@ class BatchedTrainer(LocalTrainer):
         layers with a bias whose history (``history`` = longest client's steps x batch rows) is at
         most ``lowrank`` x min(in, out) (so the correction terms cost less than the weight
         passes they replace), and only when no task has a proximal or linear term (those make
-        the update full-rank)."""
-        if not self._lazy or any(t.mu or t.linear is not None for t in tasks):
+        the update full-rank) and gradients are not clipped (that needs every step's full norm)."""
+        if (not self._lazy or self.spec.max_grad_norm is not None
+                or any(t.mu or t.linear is not None for t in tasks)):
             return []
         return [i for i in self._lazy
                 if history <= self.lowrank * min(self._children[i].in_features,

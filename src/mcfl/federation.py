@@ -89,7 +89,8 @@ def build_federation(data: FederatedData, model_cfg: dict, train_cfg: dict, seed
     flat = FlatModel(module, device)
     dev = DeviceData(data, device)
     spec = LocalSpec(lr=float(train_cfg["lr"]), batch_size=int(train_cfg["batch_size"]),
-                     epochs=int(train_cfg["local_epochs"]), steps=train_cfg.get("local_steps"))
+                     epochs=int(train_cfg["local_epochs"]), steps=train_cfg.get("local_steps"),
+                     max_grad_norm=train_cfg.get("max_grad_norm"))
     trainer = make_trainer(train_cfg.get("executor", "sequential"), flat, dev, spec, seed,
                            chunk=train_cfg.get("executor_chunk"))
     stream = client_stream(data.n_clients, train_cfg.get("clients_per_round"), seed,

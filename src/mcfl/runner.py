@@ -28,6 +28,7 @@ earlier run in ``out_dir`` are removed first, so a failed run never leaves a res
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -41,7 +42,7 @@ import torch
 
 from mcfl import algorithms
 from mcfl.data.store import load, warn_untested
-from mcfl.engine import LocalSpec, Task
+from mcfl.engine import Task
 from mcfl.federation import Federation, build_federation, resolve_device
 from mcfl.io import atomic_path, config_hash, git_revision, write_json
 from mcfl.metrics import clustering_scores, domain_scores, per_client_scores, summarize
@@ -58,7 +59,7 @@ def evaluate(algo: algorithms.Algorithm, state, fed: Federation, *, finetune_epo
     off = fed.dev.offsets["test"]
     owners, truths, preds, losses, all_rows = [], [], [], [], []
     tested = np.zeros(fed.n_clients, dtype=np.int64)
-    ft_spec = LocalSpec(fed.trainer.spec.lr, fed.trainer.spec.batch_size, finetune_epochs) \
+    ft_spec = dataclasses.replace(fed.trainer.spec, epochs=finetune_epochs, steps=None) \
         if finetune_epochs else None
     for w, members in algo.eval_models(state):
         members = np.asarray(members)
@@ -227,11 +228,11 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
 
 
 def _check_finite(row: dict, rnd: int) -> None:
-    from mcfl.errors import DivergenceError
+    from mcfl.errors import REMEDY, DivergenceError
 
     bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
-        raise DivergenceError(f"round {rnd}: non-finite {', '.join(bad)}; lower the learning rate")
+        raise DivergenceError(f"round {rnd}: non-finite {', '.join(bad)}; {REMEDY}")
 
 
 def _progress(it, run, enabled):

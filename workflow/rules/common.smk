@@ -19,6 +19,10 @@ DATA = config["data_dir"]
 RES = config["results"]
 RUNS = {(r["dataset"], r["run_id"], str(r["seed"])): r for r in expand_runs(config)}
 RUN_DIR = RES + "/runs/{dataset}/{run}/seed{seed}"
+# Job logs of the results (training, reports): logs/ for the default results directory, inside its
+# own results directory for any other (a config overlay's runs must not overwrite the default
+# runs' logs); data jobs, shared by all, always log to logs/.
+LOGS = "logs" if os.path.normpath(RES) == "results" else RES + "/logs"
 # Initial centres, one file per distinct centre spec (runs that would compute the same centres, e.g.
 # FeSEM(3), FeSEM-MA(3) and Robust(3), share it): {centres} is `K<K>-<hash>` (mcfl.config.centre_key).
 INIT = RES + "/init/{dataset}/{centres}/seed{seed}.pt"

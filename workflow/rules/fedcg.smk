@@ -17,7 +17,7 @@ if FEDCG_RUNS:
             table5=report(RES + "/fedcg/table5.csv", caption="../report/fedcg_table5.rst", category="FedCG"),
             markdown=RES + "/fedcg/tables.md",
         log:
-            "logs/fedcg_tables.log",
+            LOGS + "/fedcg_tables.log",
         params:
             runs=" ".join(FEDCG_RUNS),
         shell:

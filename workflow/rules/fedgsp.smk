@@ -44,7 +44,7 @@ if "fedgsp" in config:
             summary=GSP_OUT + "/cpd_summary.csv",
             figure=report(GSP_OUT + "/cpd.png", caption="../report/fedgsp_cpd.rst", category="FedGSP"),
         log:
-            "logs/fedgsp/" + GSP_DS + "/cpd.log",
+            LOGS + "/fedgsp/" + GSP_DS + "/cpd.log",
         params:
             groups=_gsp_cpd_groups(),
             seeds=" ".join(str(s) for s in config["seeds"]),
@@ -67,7 +67,7 @@ if "fedgsp" in config:
             curves=report(GSP_OUT + "/curves.png", caption="../report/fedgsp_curves.rst", category="FedGSP"),
             cost=report(GSP_OUT + "/cost.png", caption="../report/fedgsp_cost.rst", category="FedGSP"),
         log:
-            "logs/fedgsp/" + GSP_DS + "/table.log",
+            LOGS + "/fedgsp/" + GSP_DS + "/table.log",
         params:
             train=canonical_json(_gsp_train(GSP_MAIN)),
             dirs=" ".join(_gsp_dir(r) for r in GSP_MAIN),
@@ -89,7 +89,7 @@ if "fedgsp" in config:
                 figure=report(GSP_OUT + "/heatmap.png", caption="../report/fedgsp_heatmap.rst",
                               category="FedGSP"),
             log:
-                "logs/fedgsp/" + GSP_DS + "/heatmap.log",
+                LOGS + "/fedgsp/" + GSP_DS + "/heatmap.log",
             params:
                 dirs=" ".join(_gsp_dir(r) for r, _ in GSP_SWEEPS["heatmap"]),
             shell:
@@ -108,7 +108,7 @@ if "fedgsp" in config:
                 figure=report(GSP_OUT + "/kappa.png", caption="../report/fedgsp_kappa.rst",
                               category="FedGSP"),
             log:
-                "logs/fedgsp/" + GSP_DS + "/kappa.log",
+                LOGS + "/fedgsp/" + GSP_DS + "/kappa.log",
             params:
                 train=canonical_json(_gsp_train([r for r, _ in GSP_SWEEPS["kappa"]])),
                 dirs=" ".join(_gsp_dir(r) for r, _ in GSP_SWEEPS["kappa"]),

@@ -35,7 +35,7 @@ rule figure_clusters:
                    category="Figures"),
         csv=RES + "/figures/clusters_{dataset}.csv",
     log:
-        "logs/figures/clusters_{dataset}.log",
+        LOGS + "/figures/clusters_{dataset}.log",
     benchmark:
         RES + "/benchmarks/figures/clusters_{dataset}.tsv"
     params:
@@ -60,7 +60,7 @@ rule figure_cases:
     output:
         report(RES + "/figures/cases_{dataset}.png", caption="../report/cases.rst", category="Figures"),
     log:
-        "logs/figures/cases_{dataset}.log",
+        LOGS + "/figures/cases_{dataset}.log",
     benchmark:
         RES + "/benchmarks/figures/cases_{dataset}.tsv"
     params:

@@ -9,7 +9,7 @@ rule init_centres:
     output:
         INIT,
     log:
-        "logs/init/{dataset}/{centres}/seed{seed}.log",
+        LOGS + "/init/{dataset}/{centres}/seed{seed}.log",
     benchmark:
         RES + "/benchmarks/init/{dataset}/{centres}/seed{seed}.tsv"
     params:

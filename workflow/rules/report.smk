@@ -15,7 +15,7 @@ rule report:
             category="Figures",
         ),
     log:
-        "logs/report.log",
+        LOGS + "/report.log",
     benchmark:
         RES + "/benchmarks/report.tsv"
     params:

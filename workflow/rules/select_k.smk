@@ -11,7 +11,7 @@ rule select_k:
     output:
         SELECT_K,
     log:
-        "logs/select_k/{dataset}/{run}/seed{seed}.log",
+        LOGS + "/select_k/{dataset}/{run}/seed{seed}.log",
     params:
         run=run_json,
         device=config["device"],
@@ -32,7 +32,7 @@ if AUTO:
             csv=RES + "/select_k.csv",
             markdown=RES + "/select_k.md",
         log:
-            "logs/select_k_report.log",
+            LOGS + "/select_k_report.log",
         shell:
             "mcfl report-select-k --out {RES} {input} > {log} 2>&1"
 

@@ -10,7 +10,7 @@ if config["tracking"] == "deferred":
         output:
             RES + "/mlflow_runs.tsv",
         log:
-            "logs/track.log",
+            LOGS + "/track.log",
         params:
             experiment=config["experiment"],
             runs=lambda w, input: " ".join(os.path.dirname(f) for f in input),

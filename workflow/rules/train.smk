@@ -19,7 +19,7 @@ rule train:
         predictions=RUN_DIR + "/predictions.csv",
         state=RUN_DIR + "/state.pt",
     log:
-        "logs/train/{dataset}/{run}/seed{seed}.log",
+        LOGS + "/train/{dataset}/{run}/seed{seed}.log",
     benchmark:
         RES + "/benchmarks/train/{dataset}/{run}/seed{seed}.tsv"
     params:
