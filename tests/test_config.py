@@ -26,6 +26,7 @@ def base():
     (lambda c: c["methods"][2].update(K=[0, 2]), r"methods\[2\]\.K"),
     (lambda c: c["methods"][2].update(K=101), r"methods\[2\]\.K: K=101 is larger than the number of clients"),
     (lambda c: c["datasets"]["digits"]["train"].update(lr=-0.1), r"datasets\.digits\.train\.lr: -0\.1"),
+    (lambda c: c["methods"][0].update(train={"max_grad_norm": 0}), r"methods\[0\]\.train\.max_grad_norm: 0"),
     (lambda c: c["methods"][2].update(lamda=1), r"methods\[2\]\.lamda: unknown parameter of FeSEM"),
     (lambda c: c["methods"][0].update(K=2), r"methods\[0\]\.K: FedAvg does not take K"),
     (lambda c: c["methods"][2].update(distance="cosine"), r"methods\[2\]\.distance: distance must be"),

@@ -78,6 +78,8 @@ def test_gradient_clipping_rescales_a_long_step_to_max_norm_and_leaves_a_short_o
     assert float(short.norm()) == pytest.approx(0.5 * norm / 4, rel=1e-5)
     # ||g|| <= c: the factor is exactly 1, so the step is bitwise the unclipped one
     assert torch.equal(w0 - clip(norm * 2).train(Task(0, w0), rnd=1).weights, step)
+    with pytest.raises(ValueError, match="max_grad_norm must be > 0"):
+        LocalSpec(lr=0.5, max_grad_norm=0.0)
 
 
 def test_leaf_batching_covers_each_epoch_and_counts_steps(tmp_path):

@@ -162,6 +162,10 @@ class LocalSpec:
     steps: int | None = None
     max_grad_norm: float | None = None
 
+    def __post_init__(self):
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0 (or None: no clipping), got {self.max_grad_norm}")
+
 
 def n_steps(n: int, spec: LocalSpec) -> int:
     """Local SGD steps of a client with ``n`` training samples (0 if it has none)."""
