@@ -257,6 +257,28 @@ def test_bad_params_name_the_key():
         Params(clustering="spectral")
     with pytest.raises(ValueError, match="self_weight"):
         Params(self_weight=1.5)
+    for kw in (dict(K=2, self_weight=0.5), dict(K=4, self_weight=0.25, adjacency="uniform")):
+        with pytest.raises(ValueError, match="every domain would get the same parameters"):
+            Params(**kw)
+    Params(K=2, self_weight=0.5, gcn=False)           # no GCN, no mixing: allowed
+
+
+def test_self_weight_one_over_k_merges_the_domains_and_above_one_half_keeps_them_apart():
+    # Eq. 6 with K = 2: one other domain per row, so A = [[l, 1-l], [1-l, l]] whatever the distance
+    theta = torch.tensor([[1.0, 0.0], [0.0, 3.0]])
+    merged = distance_adjacency(theta, 0.5) @ theta
+    assert torch.allclose(merged, torch.tensor([[0.5, 1.5], [0.5, 1.5]]))      # identical rows
+    kept = distance_adjacency(theta, 0.75) @ theta
+    assert torch.allclose(kept, torch.tensor([[0.75, 0.75], [0.25, 2.25]]))
+    assert torch.allclose(kept[0] - kept[1], 0.5 * (theta[0] - theta[1]))      # (2l - 1) of it
+    # uniform similarities shrink differences by (K l - 1)/(K - 1): K = 4, l = 0.75 -> 2/3
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    y = uniform_adjacency(4, 0.75) @ x
+    assert torch.allclose(y[0] - y[2], (x[0] - x[2]) * 2 / 3, atol=1e-6)
+    # above 1/2, A is strictly diagonally dominant, so invertible for any similarities
+    s = torch.rand(6, 6, generator=torch.Generator().manual_seed(1))
+    a = normalise_adjacency((s + s.T) / 2, 0.51)
+    assert torch.linalg.matrix_rank(a) == 6
 
 
 def test_runner_reports_soft_hard_and_unseen_domain_accuracy(domains_store, tmp_path):
@@ -325,3 +347,45 @@ def test_zero_residual_init_is_refused_where_it_could_never_train():
     with pytest.raises(ValueError, match="alpha_init"):
         Params(residual_init="zero", relu=False)
     Params(residual_init="zero", relu=False, alpha_init=1.0)
+
+
+# ------------------------------------------------------------ positive control: domains that matter
+@pytest.fixture(scope="module")
+def conflict_store(tmp_path_factory):
+    """Digits 0-3 whose label is shifted by one in domain 1 ((y + d) mod 4), with the domain drawn
+    at random per image: the same image has a different label in each domain, and nothing in the
+    image tells the domains apart. One shared model can be right on at most about half of them."""
+    from sklearn.datasets import load_digits
+
+    from mcfl.data.store import ClientData, write_store
+
+    d = load_digits()
+    keep = d.target < 4
+    x, y = d.images[keep].astype(np.uint8)[:, None], d.target[keep]
+    rng = np.random.default_rng(0)
+    dom = rng.integers(0, 2, len(y))
+    label = (y + dom) % 4
+    clients = []
+    for i, idx in enumerate(np.array_split(rng.permutation(len(y)), 4)):
+        tr, te = idx[: 3 * len(idx) // 4], idx[3 * len(idx) // 4:]
+        clients.append(ClientData(str(i), x[tr], label[tr], x[te], label[te], 0, dom[tr], dom[te]))
+    return write_store(tmp_path_factory.mktemp("data") / "conflict", clients, n_classes=4,
+                       source="test", params={}, x_scale=1 / 16, domains={"names": ["a", "b"], "unseen": []})
+
+
+def test_domain_specific_parameters_learn_what_one_shared_model_cannot(conflict_store, tmp_path):
+    # true domains in training (oracle) and at test (source): FedCG's defaults, GCN included, must
+    # keep the two domains' parameters apart; with self_weight 1/2 the GCN made them identical
+    from mcfl.runner import train
+
+    def acc(method, **params):
+        run = make_run("conflict", method, params, rounds=20, lr=0.1, batch_size=10, eval_every=20)
+        return train(run, conflict_store, tmp_path / f"{method}-{len(params)}", progress=False)["final"]
+
+    fedavg = acc("FedAvg")["micro_acc"]
+    f = acc("FedCG", K=2, clustering="oracle", test_assignment="source", layers="all", dc_width=4,
+            dc_kernel=3, residual_init="zero", alpha_init=1.0, relu=False)
+    assert fedavg < 0.6
+    assert f["micro_acc"] > 0.95
+    # the student cannot see the domain, so its soft mixture is no better than one shared model
+    assert f["soft_acc"] < 0.6

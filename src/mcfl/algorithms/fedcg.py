@@ -110,7 +110,7 @@ class Params:
     bottleneck: int = 1              # W as d -> ceil(d/r) -> d when r > 1
     adjacency: str = "distance"      # distance (Eq. 6) | uniform (U) | hamming (H)
     adjacency_init: str = "eye"      # eye | random | uniform: A before the first distance update
-    self_weight: float = 0.5         # lambda of Eq. 6 [value lost; GUESS]
+    self_weight: float = 0.75        # lambda of Eq. 6 [value lost; GUESS: see models.fedcg]
     test_assignment: str = "soft"    # soft | hard | source
     dc_width: int = 32               # domain classifier conv features w, 2w [lost; GUESS]
     dc_kernel: int = 5               # domain classifier kernel size [lost; GUESS]
@@ -132,6 +132,10 @@ class Params:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if not 0 <= self.self_weight <= 1:
             raise ValueError(f"self_weight must be in [0, 1], got {self.self_weight}")
+        if (self.gcn and self.K > 1 and math.isclose(self.K * self.self_weight, 1)
+                and (self.K == 2 or self.adjacency == "uniform")):
+            raise ValueError(f"self_weight = 1/K = {self.self_weight:g} makes the GCN's adjacency "
+                             f"uniform, so every domain would get the same parameters; use > 0.5")
         if self.domain_lr < 0:
             raise ValueError(f"domain_lr must be >= 0, got {self.domain_lr}")
         if self.residual_init == "zero":
