@@ -34,6 +34,8 @@ def base():
     (lambda c: c["datasets"]["digits"]["model"].update(name="resnet"), r"datasets\.digits\.model\.name"),
     (lambda c: c.update(sedes=[1]), r"Additional properties are not allowed \('sedes'"),
     (lambda c: c["methods"].append({"method": "FeSEM", "K": 2}), r"two entries both make run 'FeSEM-K2'"),
+    (lambda c: c["datasets"]["digits"].update(prepare={"source": "celeba", "split": "user"}),
+     r"datasets\.digits\.prepare: split='user' \(LEAF's -t user\) is not supported"),
 ])
 def test_bad_configs_name_the_key(mutate, message):
     cfg = base()

@@ -180,8 +180,18 @@ def test_celeba_from_a_folder_and_another_attribute(celeba_src, tmp_path):
     for line in (src / "identity_CelebA.txt").read_text().splitlines():
         img, c = line.split()
         owners.setdefault(c, []).append(img)
+    # FedCG's oracle domain per image: bit b = the b-th of Attractive, Heavy_Makeup,
+    # High_Cheekbones, Mouth_Slightly_Open, Wavy_Hair (columns 3, 19, 20, 22, 34 of the file)
+    names = lines[1].split()
+    cols = [names.index(a) + 1 for a in ("Attractive", "Heavy_Makeup", "High_Cheekbones",
+                                         "Mouth_Slightly_Open", "Wavy_Hair")]
+    domain = {p[0]: sum(2 ** b for b, c in enumerate(cols) if p[c] == "1")
+              for p in (ln.split() for ln in lines[2:])}
+    dom = np.asarray(male.domain_train)
     for i, c in enumerate(male.client_ids):
         assert male.train(i)[1].tolist() == [truth[img] for img in owners[c]]
+        assert dom[male.offsets_train[i]:male.offsets_train[i + 1]].tolist() == [domain[img] for img in owners[c]]
+    assert len(set(dom.tolist())) > 4 and male.meta["domains"]["names"][2 + 4] == "Heavy_Makeup+High_Cheekbones"
     with pytest.raises(DataSourceError, match="no attribute 'Smilling'"):
         celeba(src, tmp_path / "bad", attribute="Smilling")
 
@@ -282,7 +292,10 @@ def test_import_of_celeba_json_decodes_the_named_images(celeba_src, tmp_path):
     with pytest.raises(DataSourceError, match="pass --images"):
         import_leaf(data, tmp_path / "no")
     got = load(import_leaf(data, tmp_path / "imp", images=str(src / "img_align_celeba.zip"), workers=1))
-    assert got.content_hash == d.content_hash
+    for name in ("x_train", "y_train", "offsets_train", "x_test", "y_test", "offsets_test"):
+        assert np.array_equal(getattr(got, name), getattr(d, name)), name
+    # LEAF's JSON carries no attributes, so an imported store has no FedCG oracle domains
+    assert got.domain_train is None and d.domain_train is not None
 
 
 def _leaf_dir(tmp_path, train_doc, test_doc=None):

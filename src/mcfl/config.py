@@ -189,7 +189,13 @@ def _validate(cfg: dict, source: str) -> dict:
         raise ConfigError(f"{source}: {_path(e.absolute_path)}: {msg}{more}")
     for name, ds in cfg["datasets"].items():
         prep = ds["prepare"]
-        _check_kwargs(f"datasets.{name}.prepare", _source_fn(prep["source"]), prep, skip=("source",))
+        fn = _source_fn(prep["source"])
+        _check_kwargs(f"datasets.{name}.prepare", fn, prep, skip=("source",))
+        if hasattr(fn, "check"):                # the source's own option rules (e.g. LEAF's)
+            try:
+                fn.check(**{k: v for k, v in prep.items() if k != "source"})
+            except ValueError as e:
+                raise ConfigError(f"{source}: datasets.{name}.prepare: {e}") from None
         _check_partition(name, ds.get("partition"))
         _check_kwargs(f"datasets.{name}.model", models.MODELS[ds["model"]["name"]],
                       ds["model"], skip=("name",))

@@ -10,7 +10,8 @@ LEAF's ``data/celeba/preprocess/metadata_to_json.py``, ``data/utils`` and CelebA
    images in file order; those with at least 5 images are kept;
 2. label = the ``attribute`` column (``Smiling`` by default; any of the 40) of
    ``list_attr_celeba.txt``: -1 -> 0, 1 -> 1 (looked up by image name; LEAF assumes both files
-   list images in the same order, which the official files do);
+   list images in the same order, which the official files do); each image's FedCG oracle domain
+   (:mod:`mcfl.data.celeba_domains`, 32 domains from 5 attributes) is stored per sample;
 3. LEAF's sampling / user removal (``k``, 5 in LEAF's commands) / split, one shard;
 4. images ``resize((84, 84), BICUBIC)`` then ``convert('RGB')`` (the 178x218 crop is squashed);
    BICUBIC is pinned (LEAF uses Pillow's default, BICUBIC since Pillow 7). Stored uint8
@@ -23,13 +24,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import PIL
 
+from mcfl.data.celeba_domains import ATTRIBUTES, attribute_domains
 from mcfl.data.leaf import DataSourceError
 from mcfl.data.leaf.archive import Archive
 from mcfl.data.leaf.fetch import expected_md5, fetch
 from mcfl.data.leaf.images import celeba_pixels, write_split_store
-from mcfl.data.leaf.sampling import check_options, leaf_split
+from mcfl.data.leaf.sampling import check_options, check_source_options, leaf_split
 
 log = logging.getLogger("mcfl")
 
@@ -41,6 +44,10 @@ DRIVE_IDS = {"img_align_celeba.zip": "0B7EVK8r0v71pZjFTYXZWM3FlRnM",
              "identity_CelebA.txt": "1_ee_0u7vcNLOfNLegJRHmolfH5ICW-XS"}
 ALTERNATIVES = {"img_align_celeba.zip": "img_align_celeba"}    # the zip, or its extracted folder
 MIN_IMAGES = 5     # metadata_to_json.py keeps celebrities with at least 5 images
+#: FedCG's oracle domains (meta["domains"]): id d has attribute b of ATTRIBUTES when bit b is set
+DOMAINS = {"attributes": list(ATTRIBUTES), "unseen": [],
+           "names": ["+".join(a for b, a in enumerate(ATTRIBUTES) if d >> b & 1) or "none"
+                     for d in range(2 ** len(ATTRIBUTES))]}
 HINT = ("Get it from the CelebA page http://mmlab.ie.cuhk.edu.hk/projects/CelebA.html (Google Drive "
         "ids: " + ", ".join(f"{k} {v}" for k, v in DRIVE_IDS.items()) + ") and put it in the raw "
         "directory, or pass --source with a directory or base URL holding it.")
@@ -59,24 +66,26 @@ def read_identities(path: Path) -> dict[str, list[str]]:
     return good
 
 
-def read_attribute(path: Path, attribute: str) -> dict[str, int]:
-    """image -> 0/1 for ``attribute`` (line 1: count, line 2: the 40 names, then one row per image)."""
+def read_attributes(path: Path, attributes: list[str]) -> dict[str, list[int]]:
+    """image -> its 0/1 value of each of ``attributes`` (line 1: count, line 2: the 40 names, then
+    one row per image of -1/1 values)."""
     lines = path.read_text().splitlines()
     if len(lines) < 2:
         raise DataSourceError(f"{path}: expected a count line and a header line")
     names = lines[1].split()
-    if attribute not in names:
-        raise DataSourceError(f"{path}: no attribute {attribute!r}; available: {' '.join(names)}")
-    col = names.index(attribute) + 1
+    for a in attributes:
+        if a not in names:
+            raise DataSourceError(f"{path}: no attribute {a!r}; available: {' '.join(names)}")
+    cols = [names.index(a) + 1 for a in attributes]
     out = {}
     for i, line in enumerate(lines[2:], 3):
         parts = line.split()
         if not parts:
             continue
-        if len(parts) != len(names) + 1 or parts[col] not in ("-1", "1"):
+        if len(parts) != len(names) + 1 or any(parts[c] not in ("-1", "1") for c in cols):
             raise DataSourceError(f"{path}: line {i}: expected an image name and {len(names)} "
                                   f"values of -1 or 1")
-        out[parts[0]] = (int(parts[col]) + 1) // 2
+        out[parts[0]] = [(int(parts[c]) + 1) // 2 for c in cols]
     return out
 
 
@@ -89,9 +98,9 @@ def make_celeba(out: str | Path, *, origin: str = "", md5: tuple = (),
     sums = expected_md5(RAW_FILES, md5)
     paths = fetch(sums, origin, raw_dir, alternatives=ALTERNATIVES, hint=HINT)
     celebs = read_identities(paths["identity_CelebA.txt"])
-    label = read_attribute(paths["list_attr_celeba.txt"], attribute)
+    attrs = read_attributes(paths["list_attr_celeba.txt"], [attribute, *ATTRIBUTES])
     images = [img for imgs in celebs.values() for img in imgs]
-    missing = [img for img in images if img not in label]
+    missing = [img for img in images if img not in attrs]
     if missing:
         raise DataSourceError(f"{paths['list_attr_celeba.txt']}: no row for {missing[0]} "
                               f"(and {len(missing) - 1} more images of identity_CelebA.txt)")
@@ -111,13 +120,16 @@ def make_celeba(out: str | Path, *, origin: str = "", md5: tuple = (),
                   "resample": "bicubic", "md5": sums, "pillow": PIL.__version__}
         log.info("celeba: %d celebrities with >= %d images, %d clients after sampling",
                  len(celebs), MIN_IMAGES, len(clients))
+        table = np.array([attrs[i] for i in images], dtype=np.int64)
         return write_split_store(out, clients, archive, [member[i] for i in images], celeba_pixels,
-                                 labels=[label[i] for i in images], n_classes=2, source="celeba",
+                                 labels=table[:, 0], n_classes=2, source="celeba",
                                  params=params, x_scale=1 / 255 if normalize else 1.0,
-                                 workers=workers)
+                                 workers=workers, domains=attribute_domains(table[:, 1:]),
+                                 domain_meta=DOMAINS)
 
 
 make_celeba.raw_files = RAW_FILES
+make_celeba.check = check_source_options      # config validation, before any work
 make_celeba.raw_alternatives = ALTERNATIVES
 make_celeba.cli_aliases = {"origin": ["--source"], "sampling": ["-s"], "k": ["-k"],
                            "split": ["-t"], "seed": ["--smplseed"], "split_seed": ["--spltseed"]}

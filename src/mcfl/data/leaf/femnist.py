@@ -41,7 +41,7 @@ from mcfl.data.leaf import DataSourceError
 from mcfl.data.leaf.archive import Archive
 from mcfl.data.leaf.fetch import expected_md5, fetch
 from mcfl.data.leaf.images import femnist_pixels, write_split_store
-from mcfl.data.leaf.sampling import Shard, check_options, leaf_split
+from mcfl.data.leaf.sampling import Shard, check_options, check_source_options, leaf_split
 
 log = logging.getLogger("mcfl")
 
@@ -167,5 +167,6 @@ def make_femnist(out: str | Path, *, origin: str = NIST_URL, md5: tuple = (),
 
 
 make_femnist.raw_files = RAW_FILES
+make_femnist.check = check_source_options      # config validation, before any work
 make_femnist.cli_aliases = {"origin": ["--source"], "sampling": ["-s"], "k": ["-k"],
                             "split": ["-t"], "seed": ["--smplseed"], "split_seed": ["--spltseed"]}

@@ -99,11 +99,14 @@ def write_split_store(out: str | Path, clients: list[tuple[str, list[int], list[
                       archive: Archive, names: Sequence[str], decode: Callable, *,
                       labels: Callable[[np.ndarray], np.ndarray] | np.ndarray, n_classes: int,
                       source: str, params: dict[str, Any], x_scale: float, workers: int = 1,
-                      on_blob: Callable[[int, bytes], None] | None = None) -> Path:
+                      on_blob: Callable[[int, bytes], None] | None = None,
+                      domains: np.ndarray | None = None, domain_meta: dict | None = None) -> Path:
     """Write the store: client after client, train rows then test rows, rows in the split's order.
 
     ``labels`` is an array over ``names`` or a function called, after decoding, with the distinct
     refs (sorted) and returning their labels (FEMNIST labels come from hashing the decoded members).
+    ``domains`` (an int array over ``names``) is stored per sample (``domain_train``/``domain_test``),
+    ``domain_meta`` as ``meta["domains"]``.
     """
     from tqdm import tqdm
 
@@ -137,9 +140,14 @@ def write_split_store(out: str | Path, clients: list[tuple[str, list[int], list[
         "offsets_test": np.cumsum([0] + [len(te) for _, _, te in clients]).astype(np.int64),
         "cluster": np.full(len(clients), -1, dtype=np.int64),
     }
+    if domains is not None:
+        dom = np.asarray(domains, dtype=np.int64)[refs]
+        arrays["domain_train"], arrays["domain_test"] = dom[:n_tr], dom[n_tr:]
     meta = {"format": FORMAT, "source": source, "params": params, "n_clients": len(clients),
             "n_classes": int(n_classes), "n_train": int(n_tr), "n_test": int(len(test)),
             "x_shape": list(x.shape[1:]), "x_dtype": x.dtype.name, "x_scale": float(x_scale),
             "client_ids": [u for u, _, _ in clients]}
+    if domain_meta is not None:
+        meta["domains"] = domain_meta
     log.info("%s: writing %d clients, %d train / %d test samples", out, len(clients), n_tr, len(test))
     return write_arrays(out, arrays, meta)

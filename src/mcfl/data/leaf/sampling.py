@@ -126,6 +126,12 @@ def check_options(sampling: str, sf: float, iu: float, k: int, split: str, tf: f
         raise ValueError(f"tf (train fraction per user) must be in (0, 1], got {tf}")
 
 
+def check_source_options(*, sampling: str = "niid", sf: float = 1.0, iu: float = 0.01, k: int = 0,
+                         split: str = "sample", tf: float = 0.9, **_: Any) -> None:
+    """:func:`check_options` on a LEAF source's keyword arguments (the config validator's hook)."""
+    check_options(sampling, sf, iu, k, split, tf)
+
+
 def leaf_split(shards: dict[str, Shard], *, sampling: str, sf: float, iu: float, k: int, tf: float,
                seed: int, split_seed: int) -> list[tuple[str, list, list]]:
     """LEAF's ``-s SAMPLING --sf SF [--iu IU] -k K -t sample --tf TF --smplseed SEED --spltseed
