@@ -46,11 +46,11 @@ Eq. 6 (adjacency from the parameters, computed by the server and sent with them)
   parameters. With K = 2, A is [[lambda, 1 - lambda], [1 - lambda, lambda]] whatever the distances,
   so the guess lambda = 0.5 (this package before 2026-11) erased all domain information after the
   first distance update (tests/test_fedcg.py, two domains with conflicting labels: 52% with it, as
-  for FedAvg, against 99% with 0.75 or without the GCN). Any lambda > 0.5 makes A
-  strictly diagonally dominant, hence invertible for every K and every similarity (Gershgorin: every
-  eigenvalue's real part is at least 2 lambda - 1); 0.75 keeps at least half of a difference (with
-  equal similarities 0.62 at K = 3, 0.67 at K = 4). ``FedCG``
-  refuses lambda = 1/K where A is then singular for sure (K = 2, or the uniform graph).
+  FedAvg, against 99% with 0.75 or without the GCN). Any lambda > 0.5 makes A strictly diagonally
+  dominant, hence invertible for every K and every similarity (Gershgorin: every eigenvalue's real
+  part is at least 2 lambda - 1, 0.5 at 0.75); with equal similarities 0.75 keeps 0.5 of a
+  difference at K = 2, 0.62 at K = 3, 0.67 at K = 4. ``FedCG`` refuses lambda = 1/K where A is
+  then singular for sure (K = 2, or the uniform graph).
 
 Domain classifiers: "two convolutional layers of (lost) and (lost) features and kernel size (lost),
 followed by an average pooling and a linear layer" -> conv(C, w) ReLU conv(w, 2w) ReLU global-avg-pool
