@@ -190,8 +190,10 @@ def test_celeba_from_a_folder_and_another_attribute(celeba_src, tmp_path):
     dom = np.asarray(male.domain_train)
     for i, c in enumerate(male.client_ids):
         assert male.train(i)[1].tolist() == [truth[img] for img in owners[c]]
-        assert dom[male.offsets_train[i]:male.offsets_train[i + 1]].tolist() == [domain[img] for img in owners[c]]
-    assert len(set(dom.tolist())) > 4 and male.meta["domains"]["names"][2 + 4] == "Heavy_Makeup+High_Cheekbones"
+        rows = slice(male.offsets_train[i], male.offsets_train[i + 1])
+        assert dom[rows].tolist() == [domain[img] for img in owners[c]]
+    assert len(set(dom.tolist())) > 4
+    assert male.meta["domains"]["names"][2 + 4] == "Heavy_Makeup+High_Cheekbones"
     with pytest.raises(DataSourceError, match="no attribute 'Smilling'"):
         celeba(src, tmp_path / "bad", attribute="Smilling")
 

@@ -192,8 +192,10 @@ def _validate(cfg: dict, source: str) -> dict:
         fn = _source_fn(prep["source"])
         _check_kwargs(f"datasets.{name}.prepare", fn, prep, skip=("source",))
         if hasattr(fn, "check"):                # the source's own option rules (e.g. LEAF's)
+            defaults = {n: p.default for n, p in inspect.signature(fn).parameters.items()
+                        if p.default is not p.empty}
             try:
-                fn.check(**{k: v for k, v in prep.items() if k != "source"})
+                fn.check(**{**defaults, **{k: v for k, v in prep.items() if k != "source"}})
             except ValueError as e:
                 raise ConfigError(f"{source}: datasets.{name}.prepare: {e}") from None
         _check_partition(name, ds.get("partition"))

@@ -32,7 +32,7 @@ from mcfl.data.leaf import DataSourceError
 from mcfl.data.leaf.archive import Archive
 from mcfl.data.leaf.fetch import expected_md5, fetch
 from mcfl.data.leaf.images import celeba_pixels, write_split_store
-from mcfl.data.leaf.sampling import check_options, check_source_options, leaf_split
+from mcfl.data.leaf.sampling import check_options, leaf_split
 
 log = logging.getLogger("mcfl")
 
@@ -94,7 +94,7 @@ def make_celeba(out: str | Path, *, origin: str = "", md5: tuple = (),
                 sampling: str = "niid", sf: float = 1.0, iu: float = 0.01, k: int = 5,
                 split: str = "sample", tf: float = 0.9, seed: int = 0, split_seed: int = 0,
                 normalize: bool = False, workers: int = 0) -> Path:
-    check_options(sampling, sf, iu, k, split, tf)
+    check_options(sampling=sampling, sf=sf, iu=iu, k=k, split=split, tf=tf)
     sums = expected_md5(RAW_FILES, md5)
     paths = fetch(sums, origin, raw_dir, alternatives=ALTERNATIVES, hint=HINT)
     celebs = read_identities(paths["identity_CelebA.txt"])
@@ -129,7 +129,7 @@ def make_celeba(out: str | Path, *, origin: str = "", md5: tuple = (),
 
 
 make_celeba.raw_files = RAW_FILES
-make_celeba.check = check_source_options      # config validation, before any work
+make_celeba.check = check_options      # config validation, before any work
 make_celeba.raw_alternatives = ALTERNATIVES
 make_celeba.cli_aliases = {"origin": ["--source"], "sampling": ["-s"], "k": ["-k"],
                            "split": ["-t"], "seed": ["--smplseed"], "split_seed": ["--spltseed"]}

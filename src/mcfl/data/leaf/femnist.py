@@ -41,7 +41,7 @@ from mcfl.data.leaf import DataSourceError
 from mcfl.data.leaf.archive import Archive
 from mcfl.data.leaf.fetch import expected_md5, fetch
 from mcfl.data.leaf.images import femnist_pixels, write_split_store
-from mcfl.data.leaf.sampling import Shard, check_options, check_source_options, leaf_split
+from mcfl.data.leaf.sampling import Shard, check_options, leaf_split
 
 log = logging.getLogger("mcfl")
 
@@ -135,7 +135,7 @@ def make_femnist(out: str | Path, *, origin: str = NIST_URL, md5: tuple = (),
                  iu: float = 0.01, k: int = 0, split: str = "sample", tf: float = 0.9,
                  seed: int = 0, split_seed: int = 0, leaf_compat: bool = False,
                  workers: int = 0) -> Path:
-    check_options(sampling, sf, iu, k, split, tf)
+    check_options(sampling=sampling, sf=sf, iu=iu, k=k, split=split, tf=tf)
     sums = expected_md5(RAW_FILES, md5)
     paths = fetch(sums, origin, raw_dir, hint=HINT)
     with Archive(paths["by_class.zip"]) as by_class:
@@ -167,6 +167,6 @@ def make_femnist(out: str | Path, *, origin: str = NIST_URL, md5: tuple = (),
 
 
 make_femnist.raw_files = RAW_FILES
-make_femnist.check = check_source_options      # config validation, before any work
+make_femnist.check = check_options      # config validation, before any work
 make_femnist.cli_aliases = {"origin": ["--source"], "sampling": ["-s"], "k": ["-k"],
                             "split": ["-t"], "seed": ["--smplseed"], "split_seed": ["--spltseed"]}

@@ -106,8 +106,10 @@ def split_by_sample(shards: dict[str, Shard], fraction: float,
 SAMPLINGS = ("niid", "iid", "none")
 
 
-def check_options(sampling: str, sf: float, iu: float, k: int, split: str, tf: float) -> None:
-    """Validate LEAF's preprocessing options before any work (clear errors for ``mcfl prepare``)."""
+def check_options(*, sampling: str, sf: float, iu: float, k: int, split: str, tf: float,
+                  **_: Any) -> None:
+    """Validate LEAF's preprocessing options before any work (clear errors for ``mcfl prepare``;
+    also a LEAF source's ``check``, which config validation calls with its prepare arguments)."""
     if sampling not in SAMPLINGS:
         raise ValueError(f"sampling must be one of {SAMPLINGS} (LEAF's -s), got {sampling!r}")
     if not 0 < sf <= 1:
@@ -124,12 +126,6 @@ def check_options(sampling: str, sf: float, iu: float, k: int, split: str, tf: f
         raise ValueError(f"split must be 'sample' (LEAF's -t), got {split!r}")
     if not 0 < tf <= 1:
         raise ValueError(f"tf (train fraction per user) must be in (0, 1], got {tf}")
-
-
-def check_source_options(*, sampling: str = "niid", sf: float = 1.0, iu: float = 0.01, k: int = 0,
-                         split: str = "sample", tf: float = 0.9, **_: Any) -> None:
-    """:func:`check_options` on a LEAF source's keyword arguments (the config validator's hook)."""
-    check_options(sampling, sf, iu, k, split, tf)
 
 
 def leaf_split(shards: dict[str, Shard], *, sampling: str, sf: float, iu: float, k: int, tf: float,
