@@ -28,23 +28,25 @@ def test_tables_group_runs_by_their_hyperparameters(tmp_path):
     runs = [_run(tmp_path, "FedAvg", s, method="FedAvg", acc=0.6 + 0.02 * s) for s in (0, 1)]
     runs += [_run(tmp_path, "FedCG(3)", s, acc=0.7, K=3) for s in (0, 1)]
     runs += [_run(tmp_path, "GCN-H(32)", 0, acc=0.4, K=32, clustering="oracle", agnostic=False,
-                  adjacency="hamming", projection=False, relu=False)]
+                  adjacency="hamming", projection=False, relu=False, test_assignment="source")]
     runs += [_run(tmp_path, "KM(2)", 0, acc=0.3, K=2, clustering="kmeans", test_assignment="source")]
+    # oracle domains in training, the student's assignment at test: a Table 4 row, not Table 3
+    runs += [_run(tmp_path, "Oracle(3)", 0, acc=0.8, K=3, clustering="oracle")]
     ts = write_fedcg_report(runs, tmp_path / "out")
     t3, t4, t5 = ts["table3"], ts["table4"], ts["table5"]
     assert t3[["Model", "A", "W", "ReLU"]].values.tolist() == [["GCN", "H", "✗", "✗"]]
     assert t3["acc_mean"].tolist() == [40.0]
-    assert t4["Clusters"].tolist() == ["Clf", "K-means"] and t4["K"].tolist() == [3, 2]
+    assert t4["Clusters"].tolist() == ["Clf", "K-means", "oracle"] and t4["K"].tolist() == [3, 2, 3]
     fedcg = t4[t4["label"] == "FedCG(3)"].iloc[0]
     assert fedcg["n_seeds"] == 2 and fedcg["soft_acc_mean"] == 70.0 and fedcg["hard_acc_mean"] == 60.0
     assert fedcg["soft_unseen_mean"] == pytest.approx(50.0) and fedcg["A init"] == "eye"
     avg = t5[t5["label"] == "FedAvg"].iloc[0]
     assert avg["acc_mean"] == pytest.approx(61.0) and round(avg["acc_std"], 4) == round(pd.Series([60.0, 62.0]).std(), 4)
     assert avg["unseen_mean"] == pytest.approx(41.0)
-    assert set(t5["label"]) == {"FedAvg", "FedCG(3)", "GCN-H(32)", "KM(2)"}
+    assert set(t5["label"]) == {"FedAvg", "FedCG(3)", "GCN-H(32)", "KM(2)", "Oracle(3)"}
     md = (tmp_path / "out" / "tables.md").read_text()
     assert "Table 3" in md and "70.00" in md and "61.00 ± 1.41" in md
-    assert pd.read_csv(tmp_path / "out" / "table4.csv").shape[0] == 2
+    assert pd.read_csv(tmp_path / "out" / "table4.csv").shape[0] == 3
 
 
 def test_table4_pairs_soft_and_hard_per_run_before_averaging(tmp_path):

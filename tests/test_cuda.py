@@ -1,0 +1,114 @@
+"""The CUDA paths: the engine's step, the batched executor (stacked and low-rank) and every
+algorithm's whole run on a GPU agree with the CPU. Skipped where CUDA is absent (CI); on a GPU
+machine: ``CUBLAS_WORKSPACE_CONFIG=:4096:8 pytest tests/test_cuda.py``.
+
+TF32 is switched off inside these tests so that the GPU computes in float32 like the CPU and the
+comparisons can be tight; training runs leave TF32 as PyTorch sets it (see the README)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from conftest import make_run
+from mcfl import algorithms
+from mcfl.data import ClientData, load, write_store
+from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer, Task
+from mcfl.executors import BatchedTrainer
+from mcfl.federation import build_federation
+from mcfl.runner import train
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def float32_matmuls():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_one_full_batch_step_on_cuda_matches_hand_computed_sgd(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(6, 2)).astype(np.float32), rng.integers(0, 3, 6)
+    write_store(tmp_path / "s", [ClientData("a", x, y, x[:2], y[:2])], n_classes=3, source="t", params={})
+    torch.manual_seed(0)
+    fm = FlatModel(nn.Linear(2, 3), CUDA)
+    tr = LocalTrainer(fm, DeviceData(load(tmp_path / "s"), CUDA), LocalSpec(lr=0.5, batch_size=6, steps=1), 0)
+    w0 = fm.get().cpu().double()
+    W, b = w0[:6].view(3, 2), w0[6:9]
+    X, Y = torch.from_numpy(x).double(), torch.from_numpy(y)
+    p = torch.softmax(X @ W.T + b, 1)
+    g = p - torch.nn.functional.one_hot(Y, 3).double()
+    res = tr.train(Task(0, fm.get()), rnd=1)
+    assert res.weights.device.type == "cuda"
+    expect = torch.cat([(W - 0.5 * g.T @ X / 6).reshape(-1), b - 0.5 * g.mean(0)])
+    assert torch.allclose(res.weights.cpu().double(), expect, atol=1e-6)
+
+
+def _weights(trainer, tasks, rnd=2):
+    return {t.client: r.weights.cpu() for t, r in trainer.run(tasks, rnd)}
+
+
+def _max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max(float((a[c] - b[c]).abs().max()) for c in a)
+
+
+@pytest.mark.parametrize("kind", ["plain", "mixed"])
+def test_batched_executor_on_cuda_equals_sequential_and_the_cpu(digits_store, kind):
+    """Plain tasks take the low-rank path for the dense layers (forced here: ``lowrank`` high);
+    mixed ones (proximal, linear terms) the stacked one. One local epoch of every client on the GPU, both executors, and the
+    CPU's sequential executor."""
+    cfg = {"lr": 0.1, "rounds": 1, "local_epochs": 1, "batch_size": 5}
+    feds = {d: build_federation(load(digits_store), {"name": "digits_cnn"}, cfg, seed=3, device=d)
+            for d in ("cpu", "cuda")}
+    P = feds["cpu"].model.n_params
+
+    def tasks(fed):
+        if kind == "plain":
+            return [Task(c, fed.w0) for c in range(fed.n_clients)]
+        dev = fed.w0.device
+        anchor = fed.w0 + 0.05 * torch.linspace(-1, 1, fed.model.size, device=dev)
+        linear = 0.02 * torch.linspace(1, -1, P, device=dev)
+        kinds = [{}, {"anchor": anchor, "mu": 0.5}, {"linear": linear}]
+        return [Task(c, fed.w0, **kinds[c % 3]) for c in range(fed.n_clients)]
+
+    gpu = feds["cuda"]
+    seq = _weights(gpu.trainer, tasks(gpu))
+    bat = BatchedTrainer(gpu.model, gpu.dev, gpu.trainer.spec, gpu.seed, chunk=5, lowrank=1e9)
+    assert bool(bat._lazy_layers(tasks(gpu), 10**6)) == (kind == "plain")
+    assert _max_diff(seq, _weights(bat, tasks(gpu))) < 1e-5
+    assert _max_diff(seq, _weights(feds["cpu"].trainer, tasks(feds["cpu"]))) < 1e-4
+
+
+def _small_params(method):
+    fields = {f.name for f in dataclasses.fields(algorithms.get(method).Params)}
+    return {k: v for k, v in (("K", 2), ("restarts", 2)) if k in fields}
+
+
+@pytest.mark.parametrize("method", sorted(algorithms.ALGORITHMS))
+def test_every_method_trains_on_cuda_like_on_the_cpu(method, digits_store, tmp_path):
+    final = {}
+    for device in ("cpu", "cuda"):
+        run = make_run(method=method, params=_small_params(method), rounds=2, clients_per_round=6,
+                       eval_every=2, executor="batched")
+        final[device] = train(run, digits_store, tmp_path / device, device=device, progress=False)["final"]
+    for key in ("micro_acc", "macro_acc"):
+        assert final["cuda"][key] == pytest.approx(final["cpu"][key], abs=0.02), key
+
+
+def test_a_cuda_run_repeats_bitwise(digits_store, tmp_path):
+    """Deterministic kernels are requested on CUDA (``configure_torch``); the same seed must give
+    the same predictions and the same loss history."""
+    files = {}
+    for i in range(2):
+        run = make_run(method="FeSEM", params={"K": 2, "restarts": 2}, rounds=3, executor="batched")
+        train(run, digits_store, tmp_path / str(i), device="cuda", progress=False)
+        files[i] = {f: (tmp_path / str(i) / f).read_bytes()
+                    for f in ("history.csv", "assignments.csv", "predictions.csv")}
+    assert files[0] == files[1]
