@@ -87,6 +87,7 @@ def test_batched_executor_on_cuda_equals_sequential_and_the_cpu(digits_store, ki
 
 
 def _small_params(method):
+    """As ``test_faults.small_params`` (that module imports MLflow, which GPU images may lack)."""
     fields = {f.name for f in dataclasses.fields(algorithms.get(method).Params)}
     return {k: v for k, v in (("K", 2), ("restarts", 2)) if k in fields}
 
