@@ -4,19 +4,21 @@ Every FedCG run is described by its hyperparameters, which name its row; numbers
 sample standard deviation over seeds of the final test accuracy in percent.
 
 * ``table3.csv`` "How to use domain information" (§4.2.1): runs with oracle domains in training
-  and at test (``clustering: oracle``, ``test_assignment: source``); columns Model (Domain-specific models / GCN / FedCG / Residual, i.e.
-  FedCG without GCN), A (U uniform, H Hamming, D distances of Eq. 6), W, ReLU, accuracy.
+  and at test (``clustering: oracle``, ``test_assignment: source``); columns Model
+  (Domain-specific models / GCN / FedCG / Residual, i.e. FedCG without GCN), A (U uniform,
+  H Hamming, D distances of Eq. 6), W, ReLU, accuracy.
 * ``table4.csv`` "How to identify the domains" (§4.2.2): the other FedCG runs: discovered domains
   (k-means of the client models, or the teacher-student classifier), and oracle domains in training
   with the student's assignment at test (Clusters "oracle": the student then learns the true
-  domains, which isolates the test-time assignment from the clustering); columns FedCG layers, A init, Clusters, K, and
-  the accuracy with soft and with hard test assignment (both measured on the same trained model),
-  overall and on the unseen test domains when the data have them, and their paired difference on
-  the unseen domains (soft minus hard per run, then mean and std over seeds: the two columns share
-  the model and the test images, so the difference is far less noisy than either column). The
-  paired test of that difference: summed over seeds, the unseen test images that only soft
-  (``soft_only_unseen``) and only hard (``hard_only_unseen``) assignment gets right, and the exact
-  two-sided sign test on them (``sign_p_unseen``; McNemar's exact test, pooling the seeds' models).
+  domains, which isolates the test-time assignment from the clustering); columns FedCG layers, A
+  init, Clusters, K, and the accuracy with soft and with hard test assignment (both measured on the
+  same trained model), overall and on the unseen test domains when the data have them, and their
+  paired difference on the unseen domains (soft minus hard per run, then mean and std over seeds:
+  the two columns share the model and the test images, so the difference is far less noisy than
+  either column). The paired test of that difference: summed over seeds, the unseen test images that
+  only soft (``soft_only_unseen``) and only hard (``hard_only_unseen``) assignment gets right, and
+  the exact two-sided sign test on them (``sign_p_unseen``; McNemar's exact test, pooling the seeds'
+  models).
 * ``table5.csv`` the comparison with FedAvg (§4.3): every FedAvg and FedCG label per dataset, with
   accuracy overall, on the seen and on the unseen test domains, and for FedCG rows the same paired
   test against FedAvg from the runs' ``predictions.csv``: summed over seeds, the test images only
@@ -107,10 +109,10 @@ def _aggregate(rows: list[dict], keys: list[str], metrics: dict[str, str],
 
 def tables(runs: list[dict]) -> dict[str, pd.DataFrame]:
     fedcg = [{**_describe(m), **m["final"], **_paired(m["final"])} for m in runs if m["method"] == "FedCG"]
-    oracle = [r["Clusters"] == "oracle" and r["test"] == "source" for r in fedcg]
-    t3 = _aggregate([r for r, o in zip(fedcg, oracle) if o],
+    in_t3 = [r["Clusters"] == "oracle" and r["test"] == "source" for r in fedcg]
+    t3 = _aggregate([r for r, o in zip(fedcg, in_t3) if o],
                     ["dataset", "label", "Model", "A", "W", "ReLU", "layers", "test"], {"acc": "micro_acc"})
-    t4 = _aggregate([r for r, o in zip(fedcg, oracle) if not o],
+    t4 = _aggregate([r for r, o in zip(fedcg, in_t3) if not o],
                     ["dataset", "label", "layers", "A init", "Clusters", "K"],
                     {"acc": "micro_acc", "soft_acc": "soft_acc", "hard_acc": "hard_acc",
                      "soft_unseen": "soft_acc_unseen", "hard_unseen": "hard_acc_unseen",
