@@ -20,7 +20,8 @@ TINY = {
     "methods": [{"method": "FedAvg"},
                 {"method": "FedCG", "K": [2], "bottleneck": 64, "dc_width": 4, "teacher_every": 1},
                 {"method": "FedCG", "name": "Oracle", "K": [2], "clustering": "oracle",
-                 "agnostic": False, "adjacency": "hamming", "bottleneck": 64, "dc_width": 4}],
+                 "test_assignment": "source", "agnostic": False, "adjacency": "hamming",
+                 "bottleneck": 64, "dc_width": 4}],
 }
 
 
