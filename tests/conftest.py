@@ -49,6 +49,16 @@ def make_run(dataset="digits", method="FedAvg", params=None, seed=0, model=None,
             "train": t, "data": {}, "experiment": "test", "needs_centres": False}
 
 
+def small_params(method: str) -> dict:
+    """Default hyperparameters, with K=2 and few k-means restarts where a method has them."""
+    import dataclasses
+
+    from mcfl import algorithms
+
+    fields = {f.name for f in dataclasses.fields(algorithms.get(method).Params)}
+    return {k: v for k, v in (("K", 2), ("restarts", 2)) if k in fields}
+
+
 def make_concept_store(out, groups=2, clients_per_group=6, n_train=60, n_test=20, dim=10, classes=4,
                        seed=0):
     """Gaussian features labelled by one random linear teacher, with the labels permuted per group:

@@ -5,14 +5,12 @@ machine: ``CUBLAS_WORKSPACE_CONFIG=:4096:8 pytest tests/test_cuda.py``.
 TF32 is switched off inside these tests so that the GPU computes in float32 like the CPU and the
 comparisons can be tight; training runs leave TF32 as PyTorch sets it (see the README)."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from conftest import make_run
+from conftest import make_run, small_params
 from mcfl import algorithms
 from mcfl.data import ClientData, load, write_store
 from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer, Task
@@ -35,10 +33,12 @@ def float32_matmuls():
 def test_one_full_batch_step_on_cuda_matches_hand_computed_sgd(tmp_path):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(6, 2)).astype(np.float32), rng.integers(0, 3, 6)
-    write_store(tmp_path / "s", [ClientData("a", x, y, x[:2], y[:2])], n_classes=3, source="t", params={})
+    write_store(tmp_path / "s", [ClientData("a", x, y, x[:2], y[:2])], n_classes=3, source="t",
+                params={})
     torch.manual_seed(0)
     fm = FlatModel(nn.Linear(2, 3), CUDA)
-    tr = LocalTrainer(fm, DeviceData(load(tmp_path / "s"), CUDA), LocalSpec(lr=0.5, batch_size=6, steps=1), 0)
+    spec = LocalSpec(lr=0.5, batch_size=6, steps=1)
+    tr = LocalTrainer(fm, DeviceData(load(tmp_path / "s"), CUDA), spec, 0)
     w0 = fm.get().cpu().double()
     W, b = w0[:6].view(3, 2), w0[6:9]
     X, Y = torch.from_numpy(x).double(), torch.from_numpy(y)
@@ -62,8 +62,8 @@ def _max_diff(a, b):
 @pytest.mark.parametrize("kind", ["plain", "mixed"])
 def test_batched_executor_on_cuda_equals_sequential_and_the_cpu(digits_store, kind):
     """Plain tasks take the low-rank path for the dense layers (forced here: ``lowrank`` high);
-    mixed ones (proximal, linear terms) the stacked one. One local epoch of every client on the GPU, both executors, and the
-    CPU's sequential executor."""
+    mixed ones (proximal, linear terms) the stacked one. One local epoch of every client on the
+    GPU with both executors, and on the CPU with the sequential one."""
     cfg = {"lr": 0.1, "rounds": 1, "local_epochs": 1, "batch_size": 5}
     feds = {d: build_federation(load(digits_store), {"name": "digits_cnn"}, cfg, seed=3, device=d)
             for d in ("cpu", "cuda")}
@@ -86,19 +86,14 @@ def test_batched_executor_on_cuda_equals_sequential_and_the_cpu(digits_store, ki
     assert _max_diff(seq, _weights(feds["cpu"].trainer, tasks(feds["cpu"]))) < 1e-4
 
 
-def _small_params(method):
-    """As ``test_faults.small_params`` (that module imports MLflow, which GPU images may lack)."""
-    fields = {f.name for f in dataclasses.fields(algorithms.get(method).Params)}
-    return {k: v for k, v in (("K", 2), ("restarts", 2)) if k in fields}
-
-
 @pytest.mark.parametrize("method", sorted(algorithms.ALGORITHMS))
 def test_every_method_trains_on_cuda_like_on_the_cpu(method, digits_store, tmp_path):
     final = {}
     for device in ("cpu", "cuda"):
-        run = make_run(method=method, params=_small_params(method), rounds=2, clients_per_round=6,
+        run = make_run(method=method, params=small_params(method), rounds=2, clients_per_round=6,
                        eval_every=2, executor="batched")
-        final[device] = train(run, digits_store, tmp_path / device, device=device, progress=False)["final"]
+        out = train(run, digits_store, tmp_path / device, device=device, progress=False)
+        final[device] = out["final"]
     for key in ("micro_acc", "macro_acc"):
         assert final["cuda"][key] == pytest.approx(final["cpu"][key], abs=0.02), key
 

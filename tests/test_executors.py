@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import make_run
+from conftest import make_run, small_params
 from mcfl.algorithms import ALGORITHMS
 from mcfl.config import ConfigError, validate
 from mcfl.data import ClientData, load, write_store
@@ -15,7 +15,6 @@ from mcfl.engine import DeviceData, DivergenceError, FlatModel, LocalSpec, Local
 from mcfl.executors import BatchedTrainer, make_trainer
 from mcfl.federation import build_federation
 from mcfl.runner import train
-from test_faults import small_params
 
 
 def _results(trainer, tasks, rnd=2):

@@ -5,7 +5,6 @@ algorithm, so a new method is checked against the state contract of ``algorithms
 """
 
 import copy
-import dataclasses
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import ROOT, make_run
+from conftest import ROOT, make_run, small_params
 from mcfl import algorithms, cli
 from mcfl.config import ConfigError, expand_runs, validate
 from mcfl.data import ClientData, StoreError, load, write_store
@@ -37,12 +36,6 @@ from mcfl.track import MLflowTracker, Tracker
 
 pytestmark = pytest.mark.faults
 METHODS = sorted(algorithms.ALGORITHMS)
-
-
-def small_params(method: str) -> dict:
-    """Default hyperparameters, with K=2 and few k-means restarts where a method has them."""
-    fields = {f.name for f in dataclasses.fields(algorithms.get(method).Params)}
-    return {k: v for k, v in (("K", 2), ("restarts", 2)) if k in fields}
 
 
 def outputs(d: Path) -> dict[str, bytes]:
