@@ -36,6 +36,8 @@ def base():
     (lambda c: c["methods"].append({"method": "FeSEM", "K": 2}), r"two entries both make run 'FeSEM-K2'"),
     (lambda c: c["datasets"]["digits"].update(prepare={"source": "celeba", "split": "user"}),
      r"datasets\.digits\.prepare: split='user' \(LEAF's -t user\) is not supported"),
+    (lambda c: c["datasets"]["digits_domains"]["prepare"].update(invert=[4]),
+     r"datasets\.digits_domains\.prepare: invert \[4\]: indices into angles \+ unseen, 0\.\.3"),
 ])
 def test_bad_configs_name_the_key(mutate, message):
     cfg = base()

@@ -9,18 +9,22 @@ from mcfl.algorithms.fedcg import Params
 from mcfl.report.fedcg import write_fedcg_report
 
 
-def _run(tmp_path, name, seed, method="FedCG", acc=0.5, final=None, pred=None, **params):
+def _run(tmp_path, name, seed, method="FedCG", acc=0.5, final=None, pred=None, domains=None,
+         **params):
     d = tmp_path / f"{name}-{seed}"
     d.mkdir()
+    extra = {}
     if pred is not None:                # (labels, predictions) of the test samples
-        pd.DataFrame({"client": "c0", "y": pred[0], "pred": pred[1]}).to_csv(d / "predictions.csv",
-                                                                             index=False)
+        test = {"client": "c0", "y": pred[0], "pred": pred[1]}
+        if domains is not None:         # (each test sample's domain, the unseen domain ids)
+            test["domain"], extra["unseen_domains"] = domains
+        pd.DataFrame(test).to_csv(d / "predictions.csv", index=False)
     p = {**Params().__dict__, **params} if method == "FedCG" else {}
     final = {"micro_acc": acc, "soft_acc": acc, "hard_acc": acc - 0.1, "acc_seen": acc + 0.1,
              "acc_unseen": acc - 0.2, "soft_acc_unseen": acc - 0.2, "hard_acc_unseen": acc - 0.3,
              **(final or {})}
     (d / "metrics.json").write_text(json.dumps({"dataset": "dd", "method": method, "label": name,
-                                                "seed": seed, "params": p, "final": final}))
+                                                "seed": seed, "params": p, "final": final, **extra}))
     return d
 
 
@@ -89,6 +93,23 @@ def test_table5_pairs_each_fedcg_run_with_the_fedavg_run_of_its_seed(tmp_path):
     assert t5.loc["FedCG(3)", "sign_p_fedavg"] == pytest.approx(74 / 256)
     assert pd.isna(t5.loc["FedAvg", "only_this"]) and pd.isna(t5.loc["no-pred", "sign_p_fedavg"])
     assert "| 6 | 2 | 0.289 |" in (tmp_path / "out" / "tables.md").read_text()
+
+
+def test_table5_splits_the_paired_test_by_seen_and_unseen_domains(tmp_path):
+    y, dom = [0, 1, 2, 3, 4, 5], ([0, 0, 1, 2, 2, 2], [2])       # domain 2 unseen: samples 3-5
+    # FedAvg right on 0, 3, 4; FedCG on 1, 2, 3 -> seen: only FedCG 1, 2, only FedAvg 0; unseen:
+    # only FedAvg 4; overall 2 vs 2
+    runs = [_run(tmp_path, "FedAvg", 0, method="FedAvg", pred=(y, [0, 0, 0, 3, 4, 0]), domains=dom),
+            _run(tmp_path, "FedCG(3)", 0, K=3, pred=(y, [1, 1, 2, 3, 0, 0]), domains=dom),
+            _run(tmp_path, "no-domains", 0, K=4, pred=(y, y))]
+    t5 = write_fedcg_report(runs, tmp_path / "out")["table5"].set_index("label")
+    row = t5.loc["FedCG(3)"]
+    assert (row["only_this"], row["only_fedavg"]) == (2, 2)
+    assert (row["only_this_seen"], row["only_fedavg_seen"]) == (2, 1)
+    assert (row["only_this_unseen"], row["only_fedavg_unseen"]) == (0, 1)
+    assert row["sign_p_fedavg_seen"] == pytest.approx(1.0) and row["sign_p_fedavg_unseen"] == 1.0
+    assert pd.isna(t5.loc["no-domains", "only_this_seen"]) and t5.loc["no-domains", "only_this"] == 3
+    assert "| 2 | 2 | 1 | 2 | 1 | 1 | 0 | 1 | 1 |" in (tmp_path / "out" / "tables.md").read_text()
 
 
 def test_table5_refuses_runs_on_different_test_samples(tmp_path):

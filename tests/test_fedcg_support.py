@@ -60,6 +60,29 @@ def test_digits_domains_mixes_domains_inside_clients_and_holds_one_out(tmp_path)
         prepare("digits_domains", tmp_path / "x", angles=[0, 90], unseen=[90])
 
 
+def test_digits_domains_invert_makes_a_domain_of_the_inverted_images(tmp_path):
+    kw = dict(clients=4, unseen_fraction=1.0, unseen_copies=True, seed=2)
+    d = load(prepare("digits_domains", tmp_path / "inv", angles=[0, 0, 90], unseen=[90], invert=[1, 3], **kw))
+    assert d.meta["domains"]["names"] == ["rot0", "inv-rot0", "rot90", "inv-rot90"]
+    assert d.meta["params"]["invert"] == [1, 3]
+    # the same draws as a store without inversion: only the pixels of the inverted domains differ
+    plain = load(prepare("digits_domains", tmp_path / "plain", angles=[0, 30, 90], unseen=[45], **kw))
+    assert np.array_equal(d.domain_test, plain.domain_test) and np.array_equal(d.y_train, plain.y_train)
+    x, px, dom = np.asarray(d.x_train), np.asarray(plain.x_train), d.domain_train    # raw 0-16
+    assert np.array_equal(x[dom != 1], px[dom != 1])
+    assert (x[dom == 1][:, 0, 0, 0] == 16).all() and (x[dom == 0][:, 0, 0, 0] == 0).all()
+    for a, b in zip(d.offsets_test[:-1], d.offsets_test[1:]):     # unseen copies: inv-rot90 of each
+        half = (b - a) // 2
+        seen, sd, copy = np.asarray(d.x_test[a:a + half]), d.domain_test[a:a + half], d.x_test[a + half:b]
+        upright = np.where((sd == 1)[:, None, None, None], 16 - seen, seen)
+        upright = np.where((sd == 2)[:, None, None, None], np.rot90(upright, -1, axes=(2, 3)), upright)
+        assert np.array_equal(copy, 16 - np.rot90(upright, 1, axes=(2, 3)))
+    with pytest.raises(ValueError, match="distinct"):
+        prepare("digits_domains", tmp_path / "x", angles=[0, 0], unseen=[])
+    with pytest.raises(ValueError, match="indices into angles"):
+        prepare("digits_domains", tmp_path / "y", angles=[0, 0], unseen=[], invert=[2])
+
+
 def test_engine_custom_loss_replaces_the_cross_entropy(tmp_path):
     from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer, Task
 
@@ -119,6 +142,7 @@ def test_celeba_oracle_domains_are_the_five_attribute_bits():
 
 @pytest.mark.parametrize("name, clusterings", [
     ("fedcg-digits", {"oracle", "kmeans", "classifier"}),
+    ("fedcg-digits-invert", {"oracle", "classifier"}),
     ("paper-fedcg-celeba", {"oracle", "kmeans", "classifier"}),
     ("paper-fedcg-femnist", {"classifier"})])
 def test_the_fedcg_configs_are_valid(name, clusterings):

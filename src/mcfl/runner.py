@@ -266,6 +266,8 @@ def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, 
               "rounds": int(run["train"]["rounds"]), "final": final, "wall_s": round(wall, 2),
               "device": str(fed.device), **identity}
     result["partition"] = run.get("partition", "natural")          # which partition made the data
+    if fed.data.domain_test is not None:        # which ``domain`` ids of predictions.csv are unseen
+        result["unseen_domains"] = fed.data.unseen_domains
     result["config"] = run                                         # the resolved run, for `mcfl track`
     write_json(out_dir / "metrics.json", result)
     return result

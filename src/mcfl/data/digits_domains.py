@@ -22,6 +22,11 @@ Construction (every draw from ``seed``):
    unseen domain is not decided by one or two images) and pairs them image by image.
 
 Rotations use ``scipy.ndimage.rotate`` with bilinear interpolation (exact for multiples of 90).
+``invert`` lists domains (indices into ``angles`` + ``unseen``) whose images are also inverted in
+intensity after the rotation (16 - x, a bright background): a shift in low-level statistics, the
+kind that domain-specific layers address (FedBN's feature shift), where a rotation by a small
+angle is one that a shared CNN absorbs. A domain is then its (angle, inverted) pair, so
+``angles: [0, 0, 90], invert: [1]`` has the domains rot0, inv-rot0 and rot90.
 Domain ids: 0..S-1 for the seen ``angles`` in the given order, S.. for the ``unseen`` angles; they are
 stored per sample (``domain_train.npy``/``domain_test.npy``) with ``meta["domains"]`` naming them and
 listing the unseen ids. Each client's ``cluster`` is its most frequent training domain.
@@ -37,6 +42,12 @@ from mcfl.data.partition import split_train_test
 from mcfl.data.store import ClientData, write_store
 
 
+def transform_images(x: np.ndarray, angle: float, inverted: bool = False) -> np.ndarray:
+    """One domain's images: rotated by ``angle``, then (``inverted``) 16 - x."""
+    r = rotate_images(x, angle)
+    return (16 - r).astype(x.dtype) if inverted else r
+
+
 def rotate_images(x: np.ndarray, angle: float) -> np.ndarray:
     """Rotate (N, C, H, W) uint8 images counter-clockwise by ``angle`` degrees about their centre."""
     if angle % 360 == 0:
@@ -47,28 +58,49 @@ def rotate_images(x: np.ndarray, angle: float) -> np.ndarray:
     return np.clip(np.rint(r), 0, 255).astype(x.dtype)
 
 
-def make_digits_domains(out: str | Path, *, clients: int = 20, angles: tuple = (0, 60, 120),
-                        unseen: tuple = (90,), domain_alpha: float = 0.5, unseen_fraction: float = 0.3,
-                        test_fraction: float = 0.25, pad: int = 2, unseen_copies: bool = False,
-                        seed: int = 0) -> Path:
-    from sklearn.datasets import load_digits
+N_IMAGES = 1797        # sklearn's digits
 
-    angles = [float(a) for a in angles]
-    unseen = [float(a) for a in unseen]
+
+def check_options(*, clients: int = 20, angles: tuple = (0, 60, 120), unseen: tuple = (90,),
+                  domain_alpha: float = 0.5, unseen_fraction: float = 0.3, pad: int = 2,
+                  invert: tuple = (), **_) -> list[tuple[float, bool]]:
+    """The options' rules (config validation calls this before any work): the domains as
+    (angle, inverted) pairs, seen first, or a ValueError naming the option."""
+    angles, unseen = [float(a) for a in angles], [float(a) for a in unseen]
     if not angles:
         raise ValueError("angles: at least one seen domain (rotation angle) is needed")
-    if len(set(angles + unseen)) != len(angles) + len(unseen):
-        raise ValueError(f"angles {angles} and unseen {unseen} must all be distinct")
+    all_angles = angles + unseen
+    invert = {int(i) for i in invert}
+    if any(not 0 <= i < len(all_angles) for i in invert):
+        raise ValueError(f"invert {sorted(invert)}: indices into angles + unseen, "
+                         f"0..{len(all_angles) - 1}")
+    doms = [(a, i in invert) for i, a in enumerate(all_angles)]
+    if len(set(doms)) != len(doms):
+        raise ValueError(f"angles {angles} and unseen {unseen} (with invert {sorted(invert)}) must "
+                         f"all be distinct")
     if not 0 <= unseen_fraction <= 1 or (unseen_fraction > 0 and not unseen):
         raise ValueError(f"unseen_fraction must be in [0, 1] (and needs unseen angles), got {unseen_fraction}")
     if domain_alpha <= 0 or pad < 0:
         raise ValueError(f"domain_alpha must be > 0 and pad >= 0 (got {domain_alpha}, {pad})")
+    if not 1 <= clients <= N_IMAGES // 4:
+        raise ValueError(f"clients must be between 1 and {N_IMAGES // 4}, got {clients}")
+    return doms
+
+
+def make_digits_domains(out: str | Path, *, clients: int = 20, angles: tuple = (0, 60, 120),
+                        unseen: tuple = (90,), domain_alpha: float = 0.5, unseen_fraction: float = 0.3,
+                        test_fraction: float = 0.25, pad: int = 2, unseen_copies: bool = False,
+                        invert: tuple = (), seed: int = 0) -> Path:
+    from sklearn.datasets import load_digits
+
+    doms = check_options(clients=clients, angles=angles, unseen=unseen, domain_alpha=domain_alpha,
+                         unseen_fraction=unseen_fraction, pad=pad, invert=invert)
+    angles = [float(a) for a in angles]
+    unseen = [float(a) for a in unseen]
+    invert = sorted({int(i) for i in invert})
     bunch = load_digits()
     x = np.pad(bunch.images.astype(np.uint8)[:, None], ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     y = bunch.target.astype(np.int64)
-    if not 1 <= clients <= len(y) // 4:
-        raise ValueError(f"clients must be between 1 and {len(y) // 4}, got {clients}")
-    all_angles = angles + unseen
     rng = np.random.default_rng(seed)
     parts = np.array_split(rng.permutation(len(y)), clients)
     data = []
@@ -88,16 +120,21 @@ def make_digits_domains(out: str | Path, *, clients: int = 20, angles: tuple = (
         for split, rows, d in (("train", tr, dom[tr]), ("test", te, dom_te)):
             xi = x[idx[rows]]
             for k in np.unique(d):
-                xi[d == k] = rotate_images(xi[d == k], all_angles[k])
+                xi[d == k] = transform_images(xi[d == k], *doms[k])
             xs[split] = xi
         data.append(ClientData(f"c{i:04d}", xs["train"], y[idx[tr]], xs["test"], y[idx[te]],
                                cluster=int(np.bincount(dom[tr], minlength=len(angles)).argmax()),
                                domain_train=dom[tr], domain_test=dom_te))
-    names = [f"rot{a:g}" for a in all_angles]
+    names = [("inv-" if inv else "") + f"rot{a:g}" for a, inv in doms]
     params = dict(clients=clients, angles=[float(a) for a in angles], unseen=unseen,
                   domain_alpha=domain_alpha, unseen_fraction=unseen_fraction,
                   test_fraction=test_fraction, pad=pad, seed=seed)
     if unseen_copies:                   # only when set: stores made before the option keep their hash
         params["unseen_copies"] = True
+    if invert:
+        params["invert"] = invert
     return write_store(out, data, n_classes=10, source="digits_domains", params=params, x_scale=1 / 16,
-                       domains={"names": names, "unseen": list(range(len(angles), len(all_angles)))})
+                       domains={"names": names, "unseen": list(range(len(angles), len(doms)))})
+
+
+make_digits_domains.check = check_options      # config validation, before any work

@@ -23,7 +23,10 @@ sample standard deviation over seeds of the final test accuracy in percent.
   accuracy overall, on the seen and on the unseen test domains, and for FedCG rows the same paired
   test against FedAvg from the runs' ``predictions.csv``: summed over seeds, the test images only
   this row (``only_this``) and only FedAvg (``only_fedavg``) gets right, each FedCG run paired with
-  the FedAvg run of its dataset and seed, and the sign test (``sign_p_fedavg``).
+  the FedAvg run of its dataset and seed, and the sign test (``sign_p_fedavg``); the same split
+  by the images' domains where the runs have them (``only_this_seen``, ``only_fedavg_seen``,
+  ``sign_p_fedavg_seen`` and ``*_unseen``: the runs' ``metrics.json`` name the unseen ids), so that
+  a gain on the seen domains is not hidden by a loss on the unseen one, or the reverse.
 
 ``tables.md`` shows the three as Markdown.
 """
@@ -45,14 +48,17 @@ CLUSTERS = {"classifier": "Clf", "kmeans": "K-means", "oracle": "oracle"}
 
 def load_runs(run_dirs: list[Path]) -> list[dict]:
     """Each run's ``metrics.json``, with ``hit`` (per test sample: correct?) from its
-    ``predictions.csv`` when it has one."""
+    ``predictions.csv`` when it has one, and ``unseen`` (per test sample: in an unseen domain?)
+    when that file has the samples' domains and ``metrics.json`` the unseen ids."""
     runs = []
     for d in map(Path, run_dirs):
         m = json.loads((d / "metrics.json").read_text())
         if (d / "predictions.csv").is_file():
-            p = pd.read_csv(d / "predictions.csv", usecols=["y", "pred"])
+            p = pd.read_csv(d / "predictions.csv", usecols=lambda c: c in ("y", "pred", "domain"))
             m["hit"] = (p["y"] == p["pred"]).to_numpy()
             m["y"], m["path"] = p["y"].to_numpy(), d / "predictions.csv"
+            if "domain" in p and "unseen_domains" in m:
+                m["unseen"] = p["domain"].isin(m["unseen_domains"]).to_numpy()
         runs.append(m)
     return runs
 
@@ -125,19 +131,26 @@ def tables(runs: list[dict]) -> dict[str, pd.DataFrame]:
             for m in runs if m["method"] in ("FedAvg", "FedCG")]
     t5 = _aggregate(comp, ["dataset", "label"],
                     {"acc": "micro_acc", "seen": "acc_seen", "unseen": "acc_unseen"},
-                    counts=("only_this", "only_fedavg"))
-    t5["sign_p_fedavg"] = [_sign_p(a, b) for a, b in zip(t5["only_this"], t5["only_fedavg"])]
+                    counts=tuple(f"only_{w}{s}" for s in ("", "_seen", "_unseen") for w in ("this", "fedavg")))
+    for s in ("", "_seen", "_unseen"):
+        t5[f"sign_p_fedavg{s}"] = [_sign_p(a, b) for a, b in zip(t5[f"only_this{s}"], t5[f"only_fedavg{s}"])]
     return {"table3": t3, "table4": t4, "table5": t5}
 
 
 def _against(run: dict, base: dict | None) -> dict:
-    """The test images only ``run`` and only ``base`` classifies correctly (both need predictions)."""
+    """The test images only ``run`` and only ``base`` classifies correctly (both need predictions),
+    overall and, where the runs know them, on the seen and on the unseen domains."""
     if base is None or "hit" not in run or "hit" not in base:
         return {}
     if not np.array_equal(run["y"], base["y"]):
         raise ValueError(f"{run['path']} and {base['path']}: different test samples (labels differ), so "
                          f"they cannot be compared image by image; were they trained on the same store?")
-    return dict(zip(("only_this", "only_fedavg"), paired_counts(run["hit"], base["hit"])))
+    out = dict(zip(("only_this", "only_fedavg"), paired_counts(run["hit"], base["hit"])))
+    if "unseen" in run:
+        for s, keep in (("_seen", ~run["unseen"]), ("_unseen", run["unseen"])):
+            out.update(zip((f"only_this{s}", f"only_fedavg{s}"),
+                           paired_counts(run["hit"][keep], base["hit"][keep])))
+    return out
 
 
 def _sign_p(wins, losses) -> float:
@@ -151,7 +164,13 @@ TAIL = {"soft_only_unseen": ("soft only (unseen, Σ seeds)", "{:.0f}"),
         "sign_p_unseen": ("sign-test p", "{:.3g}"),
         "only_this": ("only this right (Σ seeds)", "{:.0f}"),
         "only_fedavg": ("only FedAvg right (Σ seeds)", "{:.0f}"),
-        "sign_p_fedavg": ("sign-test p", "{:.3g}")}
+        "sign_p_fedavg": ("sign-test p", "{:.3g}"),
+        "only_this_seen": ("only this right, seen (Σ seeds)", "{:.0f}"),
+        "only_fedavg_seen": ("only FedAvg right, seen (Σ seeds)", "{:.0f}"),
+        "sign_p_fedavg_seen": ("p, seen", "{:.3g}"),
+        "only_this_unseen": ("only this right, unseen (Σ seeds)", "{:.0f}"),
+        "only_fedavg_unseen": ("only FedAvg right, unseen (Σ seeds)", "{:.0f}"),
+        "sign_p_fedavg_unseen": ("p, unseen", "{:.3g}")}
 
 
 def _pm(mean, std) -> str:
