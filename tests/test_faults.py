@@ -143,6 +143,23 @@ def test_foreign_or_corrupt_checkpoint_is_ignored(digits_store, tmp_path, caplog
     assert "belongs to another configuration" in caplog.text
 
 
+def test_a_checkpoint_from_another_cpu_or_torch_resumes_with_a_warning(digits_store, tmp_path,
+                                                                         caplog, monkeypatch):
+    run = make_run(rounds=3, checkpoint_every=1)
+    ck = tmp_path / "ck.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train(run, digits_store, tmp_path / "a", checkpoint=ck, progress=False, tracker=_DieAt(2))
+    assert torch.load(ck, weights_only=True)["cpu"] == torch.backends.cpu.get_cpu_capability()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "OTHER_ISA")
+    monkeypatch.setattr(torch, "__version__", "0.0.0-other")
+    with caplog.at_level(logging.WARNING, "mcfl"):
+        m = train(run, digits_store, tmp_path / "b", checkpoint=ck, progress=False)
+    assert "written with cpu" in caplog.text and "resuming with OTHER_ISA" in caplog.text
+    assert "written with torch" in caplog.text and "resuming with 0.0.0-other" in caplog.text
+    assert (m["cpu"], m["torch"]) == ("OTHER_ISA", "0.0.0-other")       # recorded in metrics.json
+    assert m["rounds"] == 3
+
+
 def _checkpoint_round(path: Path) -> int:
     try:
         return int(torch.load(path, weights_only=True)["round"])

@@ -1,6 +1,7 @@
 """`tracking: deferred`: finished runs recorded from their files equal live tracking's record."""
 
 import pytest
+import torch
 
 from conftest import make_run
 from mcfl.runner import train
@@ -44,6 +45,7 @@ def test_deferred_record_equals_live_tracking_and_is_not_repeated(digits_store, 
         pa, ta, ma, aa, sa = _record(client, a.info.run_id)
         pb, tb, mb, ab, sb = _record(client, b.info.run_id)
         assert (pa, ta, aa, sa) == (pb, tb, ab, sb)
+        assert ta["cpu"] == torch.backends.cpu.get_cpu_capability() and ta["torch"] == str(torch.__version__)
         assert ma.keys() == mb.keys() and "micro_acc" in ma
         for k in ma:                                          # same steps, values to csv precision
             assert [s for s, _ in ma[k]] == [s for s, _ in mb[k]], k

@@ -124,7 +124,7 @@ def _load_checkpoint(path: Path | None, algo, identity: dict, device) -> dict | 
     if not mine:
         log.warning("%s belongs to another configuration or data set; starting afresh", path)
         return None
-    for key in ("git", "threads"):              # allowed, but the result may not repeat bitwise
+    for key in ("git", "threads", "torch", "cpu"):   # allowed, but the result may not repeat bitwise
         if ck.get(key) != identity[key]:
             log.warning("%s was written with %s %s, resuming with %s", path, key, ck.get(key), identity[key])
     return ck
@@ -182,7 +182,10 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     algo = cls(fed, params)
     run_hash = config_hash({k: run[k] for k in ("dataset", "method", "params", "model", "train", "seed")})
     identity = {"git": git_revision(), "data_hash": data.content_hash, "run_hash": run_hash,
-                "threads": torch.get_num_threads()}
+                "threads": torch.get_num_threads(), "torch": str(torch.__version__),
+                # the CPU kernels PyTorch picked (AVX2, AVX512...): they round differently, so a CPU
+                # run repeats bitwise only on a machine with the same capability
+                "cpu": torch.backends.cpu.get_cpu_capability()}
     ckpt_path = Path(checkpoint) if checkpoint else None
     ck = _load_checkpoint(ckpt_path, algo, identity, dev)
     if ck:

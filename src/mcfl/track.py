@@ -125,6 +125,7 @@ class MLflowTracker(Tracker):
                 "git_sha": identity["git"], "data_hash": identity["data_hash"],
                 "run_hash": identity["run_hash"], "mlflow.runName":
                 f"{run['dataset']}/{run['label']}/seed{run['seed']}", **(tags or {})}
+        tags.update({k: str(identity[k]) for k in ("threads", "torch", "cpu") if k in identity})
         if os.environ.get(SWEEP_ENV):
             tags["mlflow.parentRunId"] = os.environ[SWEEP_ENV]
         r = _retry(self.client.create_run, exp, tags=tags)
@@ -227,7 +228,8 @@ def record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tup
         rows = [{k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
                 for row in pd.read_csv(d / "history.csv").to_dict("records")]
         t = MLflowTracker(experiment, client=client)
-        t.start(m["config"], {k: m[k] for k in ("git", "data_hash", "run_hash")}, history=rows,
+        t.start(m["config"], {k: m[k] for k in ("git", "data_hash", "run_hash", "threads", "torch", "cpu")
+                              if k in m}, history=rows,
                 tags={RECORD_TAG: key})
         t.artifacts([d / f for f in OUTPUTS if (d / f).exists()])
         t.end("FINISHED")
