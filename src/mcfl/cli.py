@@ -33,21 +33,22 @@ from mcfl.data.leaf import cli as leaf_cli
 
 def _add_source_parsers(sub) -> None:
     """``mcfl prepare SOURCE``: one sub-parser per data source, options from its signature."""
-    from mcfl.config import _source_fn
-    from mcfl.data import SOURCES
+    from mcfl.data import SOURCES, source_fn
 
     p = sub.add_parser("prepare", help="prepare a dataset into a store")
     srcs = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
     for name in sorted(SOURCES):
-        fn = _source_fn(name)
+        fn = source_fn(name)
         doc = (inspect.getdoc(inspect.getmodule(fn)) or "").split("\n\n")[0]
         sp = srcs.add_parser(name, help=doc.splitlines()[0] if doc else name, description=doc)
         sp.add_argument("--out", required=True, help="store directory to write")
         aliases = getattr(fn, "cli_aliases", {})     # e.g. LEAF's short flags: {"k": ["-k"]}
         for pname, par in inspect.signature(fn).parameters.items():
-            if par.default is par.empty:
-                continue
             flag = ["--" + pname.replace("_", "-"), *aliases.get(pname, ())]
+            if par.default is par.empty:
+                if par.kind == par.KEYWORD_ONLY:        # a required option, e.g. leaf_json's --dir
+                    sp.add_argument(*flag, dest=pname, required=True)
+                continue
             d = par.default
             if isinstance(d, bool):
                 sp.add_argument(*flag, dest=pname, action=argparse.BooleanOptionalAction, default=d)
@@ -55,8 +56,16 @@ def _add_source_parsers(sub) -> None:
                 sp.add_argument(*flag, dest=pname, action="append", default=None,
                                 help=f"repeatable (default: {list(d)})")
             else:
-                typ = type(d) if d is not None else str
+                typ = type(d) if d is not None else _optional_type(fn, pname)
                 sp.add_argument(*flag, dest=pname, type=typ, default=d, help=f"default: {d}")
+
+
+def _optional_type(fn, name: str) -> type:
+    """The type of a parameter that defaults to None, from its annotation (``int | None`` -> int)."""
+    import typing
+
+    hint = typing.get_type_hints(fn).get(name)
+    return next((t for t in typing.get_args(hint) if t in (int, float)), str)
 
 
 def _cmd_prepare(a) -> int:

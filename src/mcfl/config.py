@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 import inspect
 import typing
 from pathlib import Path
@@ -115,19 +114,16 @@ def _check_kwargs(where: str, fn, kwargs: dict, skip: tuple[str, ...] = ()) -> N
     hints = _hints(fn)
     allowed = [n for n, p in sig.parameters.items()
                if p.kind == p.KEYWORD_ONLY or (p.default is not p.empty)]
+    missing = [n for n, p in sig.parameters.items()
+               if p.kind == p.KEYWORD_ONLY and p.default is p.empty and n not in kwargs]
+    if missing:
+        raise ConfigError(f"{where}.{missing[0]}: required (no default)")
     for key, value in kwargs.items():
         if key in skip:
             continue
         if key not in allowed:
             raise ConfigError(f"{where}.{key}: unknown parameter; allowed: {', '.join(allowed)}")
         _check_value(f"{where}.{key}", value, _param_hint(sig.parameters[key], hints))
-
-
-def _source_fn(source: str):
-    from mcfl.data import SOURCES
-
-    module, fn = SOURCES[source].split(":")
-    return getattr(importlib.import_module(module), fn)
 
 
 def method_params(entry: dict, where: str, K: int | None = None):
@@ -174,6 +170,7 @@ def _validate(cfg: dict, source: str) -> dict:
     from jsonschema.exceptions import best_match
 
     from mcfl import models
+    from mcfl.data import source_fn
 
     schema = _schema()
     if not isinstance(cfg, dict):
@@ -189,7 +186,7 @@ def _validate(cfg: dict, source: str) -> dict:
         raise ConfigError(f"{source}: {_path(e.absolute_path)}: {msg}{more}")
     for name, ds in cfg["datasets"].items():
         prep = ds["prepare"]
-        fn = _source_fn(prep["source"])
+        fn = source_fn(prep["source"])
         _check_kwargs(f"datasets.{name}.prepare", fn, prep, skip=("source",))
         if hasattr(fn, "check"):                # the source's own option rules (e.g. LEAF's)
             defaults = {n: p.default for n, p in inspect.signature(fn).parameters.items()

@@ -1,10 +1,13 @@
 # LEAF sources (femnist, celeba): their raw files are downloaded (or copied from a local folder)
 # once per source into DATA/raw/<source>/ and MD5-checked; `prepare` takes them as input through
-# raw_inputs() (nothing for the embedded sources) and reads them from there (--raw-dir).
+# raw_inputs() (nothing for the embedded sources) and reads them from there (--raw-dir). A source
+# with an `inputs` hook (leaf_json) has those files as the prepare job's inputs instead.
 import re
 import shlex
 
+from mcfl.data import source_fn
 from mcfl.data.leaf.cli import leaf_sources
+from mcfl.data.leaf.fetch import is_url
 
 RAW = DATA + "/raw"
 LEAF_RAW = leaf_sources()      # source -> its function (with .raw_files)
@@ -20,14 +23,27 @@ def leaf_fetch_settings(source):
 
 
 def raw_inputs(w):
-    """The raw files of a LEAF dataset (an extracted folder where one sits in place of its zip)."""
-    fn = LEAF_RAW.get(config["datasets"][w.dataset]["prepare"]["source"])
-    if fn is None:
+    """The files a dataset's store is made from: what its source's `inputs` hook names (leaf_json:
+    the LEAF files, so editing one re-prepares the store), or a LEAF source's raw files (an
+    extracted folder where one sits in place of its zip, in the raw directory or a local origin)."""
+    prep = config["datasets"][w.dataset]["prepare"]
+    fn = source_fn(prep["source"])
+    if hasattr(fn, "inputs"):
+        return fn.inputs(**{k: v for k, v in prep.items() if k != "source"})
+    if prep["source"] not in LEAF_RAW:
         return []
-    src = config["datasets"][w.dataset]["prepare"]["source"]
-    alt = getattr(fn, "raw_alternatives", {})
-    return [f"{RAW}/{src}/{alt[f]}" if f in alt and os.path.isdir(f"{RAW}/{src}/{alt[f]}")
-            else f"{RAW}/{src}/{f}" for f in fn.raw_files]
+    raw, origin = f"{RAW}/{prep['source']}", prep.get("origin") or ""
+    local = origin if origin and not is_url(origin) else None
+    out = []
+    for f in fn.raw_files:
+        alt = getattr(fn, "raw_alternatives", {}).get(f)
+        if alt and os.path.isdir(f"{raw}/{alt}"):
+            out.append(f"{raw}/{alt}")
+        elif alt and local and not os.path.isfile(f"{local}/{f}") and os.path.isdir(f"{local}/{alt}"):
+            out.append(f"{local}/{alt}")          # read in place by prepare (no copy, no checksum)
+        else:
+            out.append(f"{raw}/{f}")
+    return out
 
 
 def raw_dir_arg(dataset):

@@ -12,10 +12,9 @@ import inspect
 
 def leaf_sources() -> dict:
     """Source name -> function, for the sources that have raw files to download."""
-    from mcfl.config import _source_fn
-    from mcfl.data import SOURCES
+    from mcfl.data import SOURCES, source_fn
 
-    return {n: _source_fn(n) for n in SOURCES if hasattr(_source_fn(n), "raw_files")}
+    return {n: source_fn(n) for n in SOURCES if hasattr(source_fn(n), "raw_files")}
 
 
 def add_parsers(sub) -> None:
@@ -26,7 +25,8 @@ def add_parsers(sub) -> None:
                    help="base URL or local directory holding the files (default: the source's)")
     p.add_argument("--md5", action="append", default=[], help="NAME=HEX: expected MD5 of NAME (repeatable)")
     p.add_argument("--file", action="append", default=None, help="only this file (repeatable)")
-    p = sub.add_parser("import-leaf", help="read LEAF train/ and test/ JSON into a store")
+    p = sub.add_parser("import-leaf", help="read LEAF train/ and test/ JSON into a store (the "
+                       "leaf_json source: same as `mcfl prepare leaf_json --dir DIR`)")
     p.add_argument("dir", help="LEAF data directory holding train/ and test/")
     p.add_argument("--out", required=True, help="store directory to write")
     p.add_argument("--images", help="img_align_celeba folder or zip, when x holds CelebA file names")
@@ -54,10 +54,10 @@ def _cmd_download(a) -> int:
 
 
 def _cmd_import_leaf(a) -> int:
-    from mcfl.data import load
-    from mcfl.data.leaf.leafjson import import_leaf
+    from mcfl.data import load, prepare
 
-    d = load(import_leaf(a.dir, a.out, images=a.images, n_classes=a.n_classes))
+    params = {k: v for k, v in (("images", a.images), ("n_classes", a.n_classes)) if v is not None}
+    d = load(prepare("leaf_json", a.out, dir=a.dir, **params))
     print(f"{a.out}: {d.n_clients} clients, {d.meta['n_train']} train / {d.meta['n_test']} test "
           f"samples, {d.n_classes} classes, x {d.x_shape} {d.meta['x_dtype']}")
     return 0
