@@ -26,7 +26,7 @@ def time_runs(run: dict, store: Path, rounds: int) -> dict:
     from mcfl import algorithms
     from mcfl.data import load
     from mcfl.federation import build_federation
-    from mcfl.runner import evaluate
+    from mcfl.evaluation import evaluate
 
     cls = algorithms.get(run["method"])
     out, algos = {}, {}

@@ -221,10 +221,17 @@ def test_cfl_splits_two_label_swapped_groups_and_not_iid_clients(swapped_store, 
     assert len(state.models) == 1 and state.assign.eq(0).all()
 
 
-def test_cfl_keeps_one_cluster_before_start_round(swapped_store):
-    fed = fed_for(swapped_store, rounds=10)
-    state = run_rounds(FedCluster(fed, CFLParams(eps1=0.1, eps2=0.3, start_round=11)), fed, 10)
-    assert len(state.models) == 1
+def test_cfl_keeps_one_cluster_before_start_round_and_splits_after_it(swapped_store):
+    """The same run as above with start_round 11: one cluster in rounds 1-10, then the split (so the
+    test fails both for a CFL that splits too early and for one that never splits)."""
+    fed = fed_for(swapped_store, rounds=25)
+    algo = FedCluster(fed, CFLParams(eps1=0.1, eps2=0.3, start_round=11))
+    state, sizes = algo.init(), []
+    for r in range(1, 26):
+        state, _ = algo.round(state, fed.clients(r), r)
+        sizes.append(len(state.models))
+    assert sizes[:10] == [1] * 10 and sizes[-1] == 2
+    assert clustering_scores(algo.assignments(state), fed.data.true_clusters)["ari"] == 1.0
 
 
 def test_tkm_centre_does_not_move_when_one_client_sends_huge_weights():

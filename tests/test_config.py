@@ -79,7 +79,8 @@ def test_load_config_names_the_file(tmp_path):
 
 def test_runs_that_compute_the_same_centres_share_one_init_file():
     """centre_key: the method does not matter, K, k-means options and the local update do."""
-    from mcfl.config import centre_key, expand_runs
+    from mcfl.cluster.spec import centre_key
+    from mcfl.config import expand_runs
 
     cfg = validate({"datasets": {"d": {"prepare": {"source": "digits"}, "model": {"name": "digits_cnn"}}},
                     "methods": [{"method": "FeSEM", "K": [3, 4]}, {"method": "FeSEM-MA", "K": 3},

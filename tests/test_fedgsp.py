@@ -19,7 +19,7 @@ from mcfl.cluster.icg import balanced_assignment, icg_groups, layout, random_gro
 from mcfl.data import load
 from mcfl.engine import Task
 from mcfl.federation import build_federation
-from mcfl.fedgsp_metrics import (CostModel, class_counts, cpd, d_comm, group_counts, pairwise_cpd,
+from mcfl.fedgsp.metrics import (CostModel, class_counts, cpd, d_comm, group_counts, pairwise_cpd,
                                  rounds_to_target, t_comm, t_comp)
 
 TRAIN = {"lr": 0.1, "batch_size": 5, "local_epochs": 1, "rounds": 3, "clients_per_round": None}

@@ -12,8 +12,8 @@ import yaml
 
 from conftest import ROOT, make_run
 from mcfl.config import ConfigError, expand_runs, validate
-from mcfl.fedgsp_config import sweep_runs
-from mcfl.fedgsp_metrics import CostModel, t_comm
+from mcfl.fedgsp.config import sweep_runs
+from mcfl.fedgsp.metrics import CostModel, t_comm
 
 BASE = {
     "seeds": [0, 1],
@@ -160,7 +160,7 @@ def test_cpd_study_uses_the_ablations_groupings(digits_store, tmp_path):
     from mcfl.algorithms.fedgsp import NaiveGSP, NaiveGSPICG
     from mcfl.federation import build_federation
     from mcfl.data import load
-    from mcfl.fedgsp_metrics import group_counts, pairwise_cpd
+    from mcfl.fedgsp.metrics import group_counts, pairwise_cpd
     from mcfl.report.fedgsp import write_cpd
 
     s = write_cpd(digits_store, tmp_path, 4, [0]).set_index("method")

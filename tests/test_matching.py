@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from mcfl import matching
+from mcfl.algorithms import matching
 from mcfl.engine import FlatModel
 from mcfl.models import celeba_cnn, digits_cnn
 
@@ -15,7 +15,7 @@ def mlp():
 
 def permuted_copy(module, gen):
     """The same function with every hidden layer's units shuffled, written directly on the layers
-    (independently of mcfl.matching): rows of a layer + its BatchNorm, then the next layer's inputs."""
+    (independently of mcfl.algorithms.matching): rows of a layer + its BatchNorm, then the next layer's inputs."""
     m = _deepcopy(module)
     layers = [x for x in m.modules() if isinstance(x, (nn.Linear, nn.Conv2d))]
     norms = {id(a): b for a, b in zip(list(m.modules()), list(m.modules())[1:])

@@ -8,7 +8,7 @@ import pytest
 from conftest import make_run
 from mcfl.config import ConfigError, expand_runs, validate
 from mcfl.data import load
-from mcfl.select_k import SelectK, select_k, sub_store
+from mcfl.cluster.select_k import SelectK, select_k, sub_store
 
 
 def test_sub_store_keeps_the_chosen_clients_exactly(swapped_store, tmp_path):
@@ -44,9 +44,20 @@ def test_select_k_by_accuracy_separates_concept_shifted_groups(swapped_store, tm
 
 
 def test_select_k_by_distance_takes_the_smallest_intra_cluster_distance(swapped_store, tmp_path):
-    res = select_k(auto_run("distance", clients=12), swapped_store, tmp_path / "k.json", threads=1)
+    from mcfl.runner import train
+
+    run = auto_run("distance", clients=12)
+    res = select_k(run, swapped_store, tmp_path / "k.json", threads=1)
     d = {s["K"]: s["intra_distance"] for s in res["scores"]}
     assert res["K"] == min(d, key=lambda k: (d[k], k))
+    assert d[1] > 1.5 * d[2]          # one centre cannot sit near both concept groups' models
+    # each score is the last-round distance of an ordinary training run with that K on the sample
+    sub = sub_store(load(swapped_store), np.array(res["clients"]), tmp_path / "sub")
+    for K in (1, 2):
+        r = dict(run, params={**run["params"], "K": K}, select_k=None,
+                 train={**run["train"], "rounds": 3, "eval_every": 3, "clients_per_round": None})
+        final = train(r, sub, tmp_path / f"K{K}", threads=1, progress=False)["final"]
+        assert final["intra_distance"] == pytest.approx(d[K], rel=1e-6), K
 
 
 def test_k_auto_in_config_expands_to_a_select_k_run():

@@ -149,9 +149,9 @@ def _federation_for(run: dict, store: str, device: str, threads: int, inputs=Non
 
 
 def _cmd_init_centres(a) -> int:
-    """Initial centres from a :func:`mcfl.config.centre_spec` (or a whole run's JSON)."""
+    """Initial centres from a :func:`mcfl.cluster.spec.centre_spec` (or a whole run's JSON)."""
     from mcfl.cluster.init import init_centres, save_centres
-    from mcfl.config import centre_spec
+    from mcfl.cluster.spec import centre_spec
 
     spec = json.loads(a.run)
     if "params" in spec:                                  # a run: its centre spec
@@ -159,7 +159,7 @@ def _cmd_init_centres(a) -> int:
     if spec["K"] == "auto":
         if not a.k_from:
             raise ValueError("K is 'auto'; pass --k-from with the select-k result")
-        from mcfl.select_k import read_k
+        from mcfl.cluster.select_k import read_k
 
         spec["K"] = read_k(a.k_from)
     fed = _federation_for(spec, a.store, a.device, a.threads)
@@ -194,7 +194,7 @@ def _resolve_k(run: dict, k_from: str | None) -> dict:
         return run
     if not k_from:
         raise ValueError(f"{run['label']}: K is 'auto'; pass --k-from with the select-k result")
-    from mcfl.select_k import read_k
+    from mcfl.cluster.select_k import read_k
 
     return dict(run, params={**run["params"], "K": read_k(k_from)})
 
@@ -202,7 +202,7 @@ def _resolve_k(run: dict, k_from: str | None) -> dict:
 def _cmd_select_k(a) -> int:
     from mcfl.runner import configure_torch
     from mcfl.federation import resolve_device
-    from mcfl.select_k import select_k
+    from mcfl.cluster.select_k import select_k
 
     run = json.loads(a.run)
     if not run.get("select_k"):
@@ -241,7 +241,7 @@ def _cmd_report_fedcg(a) -> int:
 
 
 def _cmd_report_select_k(a) -> int:
-    from mcfl.select_k import write_select_k_report
+    from mcfl.cluster.select_k import write_select_k_report
 
     write_select_k_report([Path(p) for p in a.files], Path(a.out))
     return 0

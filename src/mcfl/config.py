@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 import inspect
 import typing
 from pathlib import Path
@@ -34,6 +35,11 @@ SCHEMA_PATH = Path(__file__).parent / "schema" / "config.schema.yaml"
 
 class ConfigError(ValueError):
     pass
+
+
+#: top-level config blocks that belong to one paper: key -> "module:function(cfg, source)", run
+#: after the rest of the config validated (the hook may expand runs; it raises ConfigError)
+SECTIONS = {"fedgsp": "mcfl.fedgsp.config:check_fedgsp"}
 
 
 def _schema() -> dict:
@@ -133,7 +139,7 @@ def method_params(entry: dict, where: str, K: int | None = None):
     cls = algorithms.get(entry["method"])
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
     kw = {k: v for k, v in entry.items() if k not in ("method", "name", "label", "train", "K", "select_k", "datasets")}
-    if K == "auto":                     # chosen later by the select_k rule (mcfl.select_k)
+    if K == "auto":                     # chosen later by the select_k rule (mcfl.cluster.select_k)
         if not hasattr(cls.Params(), "K"):
             raise ConfigError(f"{where}.K: {cls.name} does not take K, so K cannot be 'auto'")
     elif K is not None:
@@ -213,7 +219,7 @@ def _validate(cfg: dict, source: str) -> dict:
             if "select_k" in entry and K != "auto":
                 raise ConfigError(f"{source}: methods[{i}].select_k: only used with K: auto")
             if K == "auto":
-                from mcfl.select_k import select_k_settings
+                from mcfl.cluster.select_k import select_k_settings
 
                 try:
                     sk = select_k_settings(entry)
@@ -250,10 +256,10 @@ def _validate(cfg: dict, source: str) -> dict:
             raise ConfigError(f"{source}: methods: two entries both have the label {r['label']!r}; "
                               f"give one of them a distinct `name` or `label`")
         seen[key] = 1
-    if "fedgsp" in cfg:
-        from mcfl.fedgsp_config import check_fedgsp
-
-        check_fedgsp(cfg, source)
+    for key, hook in SECTIONS.items():          # a paper's own block, e.g. `fedgsp:`
+        if key in cfg:
+            module, fn = hook.split(":")
+            getattr(importlib.import_module(module), fn)(cfg, source)
     return cfg
 
 
@@ -325,43 +331,7 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
     return runs
 
 
-#: the training settings a clustered run's initial centres depend on (the clients' first local models)
-INIT_TRAIN_KEYS = ("lr", "batch_size", "local_epochs", "local_steps", "max_grad_norm", "executor",
-                   "executor_chunk")
-
-
-def centre_options(params) -> dict:
-    """The k-means initialisation options of a clustered method's parameters (an object or a dict):
-    FeSEM's ``restarts``, ``distance``, ``mstep`` and ``init``, ``init_projection`` where a method
-    has them (defaults 20, all, mean, kmeans, automatic)."""
-    get = params.get if isinstance(params, dict) else (lambda k, d: getattr(params, k, d))
-    return {"restarts": get("restarts", 20), "distance": get("distance", "all"),
-            "weighted": get("mstep", "mean") == "weighted", "method": get("init", "kmeans"),
-            "projection": get("init_projection", None)}
-
-
-def centre_spec(run: dict) -> dict:
-    """Everything a clustered run's initial centres depend on: dataset, seed, model, the local update
-    that makes the clients' first models, K and the k-means options; nothing of the method itself.
-    Runs with equal specs (in the default config FeSEM(3), FeSEM-MA(3), Robust(3), HypoCluster(3))
-    share one ``init_centres`` job and file."""
-    return {"dataset": run["dataset"], "seed": run["seed"], "model": run["model"],
-            "train": {k: v for k, v in run["train"].items() if k in INIT_TRAIN_KEYS},
-            "K": run["params"]["K"], **centre_options(run["params"])}
-
-
-def centre_key(run: dict) -> str:
-    """The name of a run's initial-centres file: ``K<K>-<hash of its centre_spec>``, shared by runs
-    with equal specs; a ``K: auto`` run (K known only after select-k) gets its own, by run id."""
-    from mcfl.io import config_hash
-
-    if run.get("select_k"):
-        return run["run_id"]
-    spec = centre_spec(run)
-    return f"K{spec['K']}-{config_hash(spec)[:8]}"
-
-
 def _select_k(entry: dict) -> dict:
-    from mcfl.select_k import select_k_settings
+    from mcfl.cluster.select_k import select_k_settings
 
     return dataclasses.asdict(select_k_settings(entry))

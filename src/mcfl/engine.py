@@ -35,11 +35,7 @@ from torch import nn
 
 from mcfl.data.store import FederatedData
 from mcfl.errors import DivergenceError  # noqa: F401 (re-exported)
-
-
-def derive_seed(*key: int) -> int:
-    """A 63-bit seed from an integer key, e.g. ``(seed, round, client, purpose)``."""
-    return int(np.random.SeedSequence([int(k) for k in key]).generate_state(1, np.uint64)[0] >> 1)
+from mcfl.streams import derive_seed  # noqa: F401 (re-exported)
 
 
 def generator(*key: int) -> torch.Generator:

@@ -21,10 +21,10 @@ import torch
 
 from mcfl import models
 from mcfl.data.store import FederatedData
-from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer, derive_seed
+from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer
+from mcfl.streams import MODEL, SERVER, STREAM, derive_seed
 from mcfl.executors import make_trainer
 
-STREAM, MODEL, SERVER = 1_000_001, 1_000_002, 1_000_003
 
 
 def client_stream(n_clients: int, per_round: int | None, seed: int, rounds: int) -> np.ndarray:

@@ -93,3 +93,20 @@ def git_revision(cwd: str | os.PathLike | None = None) -> str:
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+#: the files of a finished run directory (``mcfl train``), in the order they are written
+OUTPUTS = ("history.csv", "assignments.csv", "predictions.csv", "metrics.json")
+
+
+def read_run(run_dir: str | os.PathLike, *, history: bool = False) -> dict[str, Any]:
+    """A finished run directory's ``metrics.json`` (with ``dir``), and its ``history.csv`` as a
+    DataFrame under ``history`` if asked: the one reader of run directories for every report."""
+    d = Path(run_dir)
+    m = json.loads((d / "metrics.json").read_text())
+    m["dir"] = d
+    if history:
+        import pandas as pd
+
+        m["history"] = pd.read_csv(d / "history.csv")
+    return m

@@ -7,7 +7,7 @@ checkpoints every ``checkpoint_every`` rounds. Outputs (each written atomically,
 last, so a killed job leaves nothing the report could take for a result):
 
 * ``history.csv``      one row per round: train loss, the algorithm's diagnostics, and test metrics
-  on evaluation rounds;
+  on evaluation rounds (:mod:`mcfl.evaluation`; a named protocol's as ``NAME/micro_acc`` ...);
 * ``assignments.csv``  client id, true cluster, final cluster (blank for unclustered methods);
 * ``predictions.csv``  the final evaluation's prediction for every test sample, in the store's test
   order (client id, label ``y``, prediction ``pred``, and ``domain`` on stores with per-sample
@@ -28,7 +28,6 @@ earlier run in ``out_dir`` are removed first, so a failed run never leaves a res
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -42,63 +41,11 @@ import torch
 
 from mcfl import algorithms
 from mcfl.data.store import load, warn_untested
-from mcfl.engine import Task
-from mcfl.federation import Federation, build_federation, resolve_device
-from mcfl.io import atomic_path, config_hash, git_revision, write_json
-from mcfl.metrics import clustering_scores, domain_scores, per_client_scores, summarize
+from mcfl.evaluation import evaluate, evaluate_protocol, protocols
+from mcfl.federation import build_federation, resolve_device
+from mcfl.io import OUTPUTS, atomic_path, config_hash, git_revision, write_json
 
 log = logging.getLogger("mcfl")
-FINETUNE = 7
-
-
-# ------------------------------------------------------------------------------------- evaluation
-def evaluate(algo: algorithms.Algorithm, state, fed: Federation, *, finetune_epochs: int = 0,
-             rnd: int = 0) -> tuple[dict[str, float], np.ndarray]:
-    """Test every client with the model ``algo.eval_models`` gives it: metrics per
-    :mod:`mcfl.metrics`, and the predicted label of every test row (store order)."""
-    off = fed.dev.offsets["test"]
-    owners, truths, preds, losses, all_rows = [], [], [], [], []
-    tested = np.zeros(fed.n_clients, dtype=np.int64)
-    ft_spec = dataclasses.replace(fed.trainer.spec, epochs=finetune_epochs, steps=None) \
-        if finetune_epochs else None
-    for w, members in algo.eval_models(state):
-        members = np.asarray(members)
-        members = members[fed.dev.n_test[members] > 0]
-        tested[members] += 1
-        if not len(members):
-            continue
-        if ft_spec is None:
-            groups = [(w, members)]
-        else:   # optional local fine-tuning before test: each client adapts the model on its train data
-            trainer = algo.fed.trainer      # the algorithm's own model (FedCG wraps the network)
-            groups = [(trainer.train(Task(int(c), w), rnd, FINETUNE, ft_spec).weights, np.array([c]))
-                      for c in members]
-        for wg, mg in groups:
-            rows = np.concatenate([np.arange(off[c], off[c + 1]) for c in mg])
-            rows_t = torch.from_numpy(rows).to(fed.device)
-            p, l = algo.predict(wg, rows_t, state)
-            all_rows.append(rows)
-            owners.append(np.repeat(mg, fed.dev.n_test[mg]))
-            truths.append(fed.dev.y["test"][rows_t].cpu().numpy())
-            preds.append(p.cpu().numpy())
-            losses.append(l.cpu().numpy())
-    wrong = np.flatnonzero((tested != 1) & (fed.dev.n_test > 0))
-    if len(wrong):
-        raise RuntimeError(f"{algo.name}.eval_models must give every client exactly one model; clients "
-                           f"{wrong[:10].tolist()} got {tested[wrong[:10]].tolist()}")
-    scores = per_client_scores(np.concatenate(owners), np.concatenate(truths), np.concatenate(preds),
-                               fed.n_clients, fed.dev.n_classes)
-    out = summarize(scores)
-    out["test_loss"] = float(np.concatenate(losses).mean())
-    out.update(clustering_scores(algo.assignments(state), fed.data.true_clusters))
-    if fed.data.domain_test is not None:     # stores that label each test sample with its domain
-        hit = np.concatenate(truths) == np.concatenate(preds)
-        out.update(domain_scores(np.asarray(fed.data.domain_test)[np.concatenate(all_rows)], hit,
-                                 fed.data.unseen_domains))
-    out.update(algo.extra_metrics(state))
-    pred = np.full(int(off[-1]), -1, dtype=np.int64)
-    pred[np.concatenate(all_rows)] = np.concatenate(preds)
-    return out, pred
 
 
 # ---------------------------------------------------------------------------------- checkpointing
@@ -152,9 +99,6 @@ def configure_torch(device: torch.device, threads: int) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-OUTPUTS = ("history.csv", "assignments.csv", "predictions.csv", "metrics.json")   # in this order
-
-
 def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
           inputs: dict[str, str] | None = None, tracker=None, device: str = "auto", threads: int = 1,
           checkpoint: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
@@ -196,6 +140,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     tracking_id = tracker.start(run, identity, resume_id=(ck or {}).get("tracking_id") or None,
                                 history=rows)
     rounds, every = int(tcfg["rounds"]), int(tcfg["eval_every"])
+    evaluation_protocols = protocols(tcfg)
     ck_every = int(tcfg.get("checkpoint_every") or 0) if ckpt_path else 0
     bar = _progress(range(start, rounds + 1), run, progress)
     status = "FAILED"
@@ -207,6 +152,8 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
                 scores, pred = evaluate(algo, state, fed, finetune_epochs=int(tcfg.get("finetune_epochs", 0)),
                                         rnd=r)
                 row.update(scores)
+                for name, proto in evaluation_protocols.items():     # the same model, scored again
+                    row.update({f"{name}/{k}": v for k, v in evaluate_protocol(proto, algo, state, fed, r).items()})
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(acc=f"{row['micro_acc']:.3f}", loss=f"{row['train_loss']:.3f}")
             _check_finite(row, r)

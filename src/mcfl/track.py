@@ -201,7 +201,7 @@ def record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tup
 
     import pandas as pd
 
-    from mcfl.runner import OUTPUTS
+    from mcfl.io import OUTPUTS
 
     client = _client()
     exp = experiment_id(client, experiment)

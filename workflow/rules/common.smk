@@ -6,7 +6,8 @@ import time
 
 from snakemake.exceptions import WorkflowError
 
-from mcfl.config import ConfigError, centre_key, centre_spec, expand_runs, validate
+from mcfl.cluster.spec import centre_key, centre_spec
+from mcfl.config import ConfigError, expand_runs, validate
 from mcfl.data.repartition import is_identity
 from mcfl.io import canonical_json
 
@@ -24,7 +25,7 @@ RUN_DIR = RES + "/runs/{dataset}/{run}/seed{seed}"
 # runs' logs); data jobs, shared by all, always log to logs/.
 LOGS = "logs" if os.path.normpath(RES) == "results" else RES + "/logs"
 # Initial centres, one file per distinct centre spec (runs that would compute the same centres, e.g.
-# FeSEM(3), FeSEM-MA(3) and Robust(3), share it): {centres} is `K<K>-<hash>` (mcfl.config.centre_key).
+# FeSEM(3), FeSEM-MA(3) and Robust(3), share it): {centres} is `K<K>-<hash>` (mcfl.cluster.spec.centre_key).
 INIT = RES + "/init/{dataset}/{centres}/seed{seed}.pt"
 INITS = {}
 for (_d, _r, _s), _run in RUNS.items():

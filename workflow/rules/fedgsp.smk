@@ -9,8 +9,8 @@
 
 if "fedgsp" in config:
     from mcfl.algorithms import fedgsp as _fedgsp_algo
-    from mcfl.fedgsp_config import base_entry as _gsp_base
-    from mcfl.fedgsp_config import sweep_runs as _gsp_sweeps
+    from mcfl.fedgsp.config import base_entry as _gsp_base
+    from mcfl.fedgsp.config import sweep_runs as _gsp_sweeps
     from mcfl.report.fedgsp import train_settings as _gsp_train
 
     GSP = config["fedgsp"]

@@ -86,13 +86,12 @@ import torch.nn.functional as F
 
 from mcfl.aggregate import WeightedSum
 from mcfl.algorithms.base import Algorithm
-from mcfl.engine import FlatModel, LocalTrainer, Task, derive_seed, generator
+from mcfl.engine import FlatModel, LocalTrainer, Task, generator
 from mcfl.metrics import domain_scores, paired_counts, per_client_scores, summarize
 from mcfl.models.fedcg import (FedCGNet, distance_adjacency, hamming_adjacency, random_adjacency,
                                uniform_adjacency)
+from mcfl.streams import FEDCG_ADJ, FEDCG_EXTRAS, derive_seed
 
-EXTRAS = 1_000_006        # seed purpose: FedCG's added parameters
-ADJ = 1_000_007           # seed purpose: random adjacency initialisation
 
 
 @dataclass
@@ -167,7 +166,7 @@ class FedCG(Algorithm):
                        dc_width=p.dc_width, dc_kernel=p.dc_kernel, agnostic=p.agnostic, gcn=p.gcn,
                        projection=p.projection, relu=p.relu, gcn_layers=p.gcn_layers,
                        bottleneck=p.bottleneck)
-        net.reset_extras(derive_seed(fed.seed, EXTRAS), alpha=p.alpha_init,
+        net.reset_extras(derive_seed(fed.seed, FEDCG_EXTRAS), alpha=p.alpha_init,
                          zero_theta=p.residual_init == "zero")
         flat = FlatModel(net, fed.device)
         trainer = LocalTrainer(flat, fed.dev, fed.trainer.spec, fed.seed)
@@ -204,7 +203,7 @@ class FedCG(Algorithm):
             elif p.adjacency == "hamming":
                 a = hamming_adjacency(p.K, p.self_weight)
             elif p.adjacency_init == "random":
-                a = random_adjacency(p.K, p.self_weight, generator(self.fed.seed, ADJ, i))
+                a = random_adjacency(p.K, p.self_weight, generator(self.fed.seed, FEDCG_ADJ, i))
             else:
                 a = torch.eye(p.K)
             w[adj] = a.reshape(-1).to(w)

@@ -46,10 +46,11 @@ from mcfl.aggregate import WeightedSum
 from mcfl.algorithms.base import Algorithm
 from mcfl.cluster.icg import icg_groups, random_groups
 from mcfl.engine import Task
-from mcfl.fedgsp_metrics import class_counts, group_counts, pairwise_cpd
+from mcfl.streams import GSP_GROUPING as GROUPING
+from mcfl.streams import GSP_SAMPLING as SAMPLING
+from mcfl.fedgsp.metrics import class_counts, group_counts, pairwise_cpd
 
 GROWTH = ("linear", "log", "exp", "fixed")
-GROUPING, SAMPLING = 1, 2          # purposes of the per-round server generators
 _EPS = 1e-9                        # floor() guard against alpha*(r-1) landing a hair below an integer
 _CAP = 2 ** 62
 

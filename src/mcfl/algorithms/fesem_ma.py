@@ -8,7 +8,7 @@ layer by layer from the input, so that its hidden units match those of the clust
 (Hungarian matching on the squared distance of the units' incoming weights, with scipy's
 ``linear_sum_assignment``; each permutation is carried into the next layer's inputs), and the
 aligned models are averaged (plainly or sample-weighted, per ``mstep``). With ``match_iters > 1``
-the average becomes the reference and the matching is repeated. See :mod:`mcfl.matching`.
+the average becomes the reference and the matching is repeated. See :mod:`mcfl.algorithms.matching`.
 
 How this differs from FedMA (Wang et al., ICLR 2020), whose BBP-MAP the paper's §5.1 describes:
 FedMA matches each client's neurons to global neurons by the MAP estimate of a Beta-Bernoulli
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mcfl import matching
+from mcfl.algorithms import matching
 from mcfl.algorithms.fesem import FeSEM, State, e_step
 from mcfl.algorithms.fesem import Params as FeSEMParams
 from mcfl.engine import Task

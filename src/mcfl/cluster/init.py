@@ -43,13 +43,12 @@ import numpy as np
 import torch
 
 from mcfl.aggregate import WeightedSum
-from mcfl.config import centre_options
-from mcfl.engine import Task, derive_seed
+from mcfl.cluster.spec import centre_options
+from mcfl.engine import Task
 from mcfl.federation import Federation
+from mcfl.streams import KMEANS, SKETCH, derive_seed
 
 INIT_ROUND = 0
-KMEANS = 1_000_004
-SKETCH = 1_000_005
 #: automatic projection: when the exact m x d float32 features would exceed this many bytes ...
 FEATURE_BYTES = 256 << 20
 #: ... cluster on this many random-projection coordinates instead

@@ -33,13 +33,13 @@ sample standard deviation over seeds of the final test accuracy in percent.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from mcfl.io import atomic_path, write_text
+from mcfl.io import atomic_path, read_run, write_text
+from mcfl.report.format import markdown_table, mean_std
 from mcfl.metrics import paired_counts, sign_test_p
 
 ADJ = {"uniform": "U", "hamming": "H", "distance": "D"}
@@ -52,7 +52,7 @@ def load_runs(run_dirs: list[Path]) -> list[dict]:
     when that file has the samples' domains and ``metrics.json`` the unseen ids."""
     runs = []
     for d in map(Path, run_dirs):
-        m = json.loads((d / "metrics.json").read_text())
+        m = read_run(d)
         if (d / "predictions.csv").is_file():
             p = pd.read_csv(d / "predictions.csv", usecols=lambda c: c in ("y", "pred", "domain"))
             m["hit"] = (p["y"] == p["pred"]).to_numpy()
@@ -173,12 +173,6 @@ TAIL = {"soft_only_unseen": ("soft only (unseen, Σ seeds)", "{:.0f}"),
         "sign_p_fedavg_unseen": ("p, unseen", "{:.3g}")}
 
 
-def _pm(mean, std) -> str:
-    if pd.isna(mean):
-        return ""
-    return f"{mean:.2f}" + ("" if pd.isna(std) else f" ± {std:.2f}")
-
-
 def to_markdown(name: str, t: pd.DataFrame, title: str) -> str:
     if t.empty:
         return f"### {title}\n\n(no runs)\n"
@@ -186,13 +180,10 @@ def to_markdown(name: str, t: pd.DataFrame, title: str) -> str:
     tail = [c for c in TAIL if c in t.columns]
     keys = [c for c in t.columns if c not in ("n_seeds", *tail) and not c.endswith(("_mean", "_std"))]
     head = keys + ["seeds"] + [f"{m} (%)" for m in metrics] + [TAIL[c][0] for c in tail]
-    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in t.iterrows():
-        cells = [str(r[k]) for k in keys] + [str(int(r["n_seeds"]))]
-        cells += [_pm(r[f"{m}_mean"], r[f"{m}_std"]) for m in metrics]
-        cells += ["" if pd.isna(r[c]) else TAIL[c][1].format(r[c]) for c in tail]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[str(r[k]) for k in keys] + [str(int(r["n_seeds"]))]
+            + [mean_std(r[f"{m}_mean"], r[f"{m}_std"], 2) for m in metrics]
+            + ["" if pd.isna(r[c]) else TAIL[c][1].format(r[c]) for c in tail] for _, r in t.iterrows()]
+    return f"### {title}\n\n" + markdown_table(head, rows)
 
 
 TITLES = {"table3": "Table 3: how to use domain information (oracle domains)",

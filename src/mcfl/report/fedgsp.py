@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mcfl.fedgsp_metrics import (CostModel, class_counts, group_counts, pairwise_cpd,
+from mcfl.fedgsp.metrics import (CostModel, class_counts, group_counts, pairwise_cpd,
                                  rounds_to_target, run_cost)
-from mcfl.io import atomic_path, write_text
+from mcfl.io import atomic_path, read_run, write_text
+from mcfl.report.format import markdown_table, mean_std
 
 
 # --------------------------------------------------------------------------------------- helpers
@@ -69,9 +70,9 @@ def load_runs(run_dirs: list[Path], train: list[dict] | None = None) -> list[dic
         raise ValueError(f"{len(run_dirs)} run directories but {len(train)} train settings")
     out = []
     for d, t in zip(run_dirs, train):
-        m = json.loads((Path(d) / "metrics.json").read_text())
+        m = read_run(d, history=True)
         run = {"label": m["label"], "seed": m["seed"], "params": m["params"], "train": t}
-        out.append({"run": run, "final": m["final"], "hist": pd.read_csv(Path(d) / "history.csv")})
+        out.append({"run": run, "final": m["final"], "hist": m["history"]})
     return out
 
 
@@ -111,9 +112,8 @@ def cpd_study(store, groups: int, seeds: list[int], *, rounding: str = "paper", 
               sigma: float = 1.0) -> pd.DataFrame:
     from mcfl.cluster.icg import icg_groups, random_groups
     from mcfl.data import load
-    from mcfl.engine import derive_seed
-    from mcfl.federation import SERVER
-    from mcfl.algorithms.fedgsp import GROUPING
+    from mcfl.streams import GSP_GROUPING as GROUPING
+    from mcfl.streams import SERVER, derive_seed
 
     d = load(store)
     V = class_counts(np.asarray(d.y_train), np.asarray(d.offsets_train), d.n_classes)
@@ -159,12 +159,6 @@ def write_cpd(store, out: Path, groups: int, seeds: list[int], **kw) -> pd.DataF
 
 
 # ---------------------------------------------------------------------------- Table 1, Figs 3, 6
-def fmt(mean: float, std: float, scale: float = 1.0, digits: int = 1) -> str:
-    if pd.isna(mean):
-        return ""
-    return f"{mean * scale:.{digits}f}" + ("" if pd.isna(std) else f" ± {std * scale:.{digits}f}")
-
-
 def table(recs: list[dict], target: float, K: int, n: float, cost: CostModel) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-run rows, per-method Table 1)."""
     per = pd.DataFrame([run_summary(r, target, K, n, cost) for r in recs])
@@ -183,18 +177,18 @@ def table(recs: list[dict], target: float, K: int, n: float, cost: CostModel) ->
 
 
 def table_markdown(t: pd.DataFrame) -> str:
-    lines = [f"Target accuracy {t['target'].iloc[0] * 100:.0f}% (micro); mean ± std over seeds; rounds: "
-             "mean over the seeds reaching the target (count in brackets), × if none.", "",
-             "| Algorithm | Accuracy (%) | Loss | Rounds | T_comp (s) | T_comm (s) | Traffic (GB) |",
-             "|---|---|---|---|---|---|---|"]
+    head = ["Algorithm", "Accuracy (%)", "Loss", "Rounds", "T_comp (s)", "T_comm (s)", "Traffic (GB)"]
+    rows = []
     for _, r in t.iterrows():
         n, k = int(r["n_seeds"]), int(r["seeds_reaching_target"])
         rounds = "×" if not k else f"{r['rounds_to_target_mean']:.1f}" + ("" if k == n else f" ({k}/{n})")
-        cells = [r["method"], fmt(r["accuracy_mean"], r["accuracy_std"], 100), fmt(r["loss_mean"], r["loss_std"], 1, 3),
-                 rounds, fmt(r["t_comp_s_to_target"], np.nan, 1, 2), fmt(r["t_comm_s_to_target"], np.nan, 1, 1),
-                 fmt(r["d_comm_bytes_to_target"], np.nan, 1e-9, 2)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([r["method"], mean_std(r["accuracy_mean"], r["accuracy_std"], scale=100),
+                     mean_std(r["loss_mean"], r["loss_std"], 3), rounds,
+                     mean_std(r["t_comp_s_to_target"], digits=2), mean_std(r["t_comm_s_to_target"]),
+                     mean_std(r["d_comm_bytes_to_target"], digits=2, scale=1e-9)])
+    return (f"Target accuracy {t['target'].iloc[0] * 100:.0f}% (micro); mean ± std over seeds; rounds: "
+            "mean over the seeds reaching the target (count in brackets), × if none.\n\n"
+            + markdown_table(head, rows))
 
 
 def curves_figure(recs: list[dict], path: Path) -> None:

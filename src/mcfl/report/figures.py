@@ -30,10 +30,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mcfl.engine import derive_seed
+from mcfl.streams import FIGURE_CLIENTS as SAMPLE_CLIENTS
+from mcfl.streams import FIGURE_ROWS as SAMPLE_ROWS
+from mcfl.streams import derive_seed
 from mcfl.io import atomic_path
 
-SAMPLE_CLIENTS, SAMPLE_ROWS = 9_000_004, 9_000_005
 
 
 def _plt():

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from mcfl.io import atomic_path, write_text
+from mcfl.report.format import mean_std
 
 PAPER_TABLES = Path(__file__).with_name("paper_tables.csv")
 SOURCES = {"femnist": "FEMNIST", "celeba": "FedCelebA"}
@@ -65,13 +65,6 @@ def comparison(ours: pd.DataFrame, sources: dict[str, str] | None = None) -> pd.
     return pd.DataFrame(rows).reindex(columns=cols)
 
 
-def _num(v, std=np.nan, sign=False) -> str:
-    if pd.isna(v):
-        return ""
-    s = f"{v:+.1f}" if sign else f"{v:.1f}"
-    return s + ("" if pd.isna(std) else f" ± {std:.1f}")
-
-
 def _row(method: str, paper: str, r: pd.DataFrame) -> str:
     """One markdown row: method, paper (and its own row name), then paper / ours / delta per metric."""
     label = r["paper_label"].iloc[0]
@@ -82,9 +75,9 @@ def _row(method: str, paper: str, r: pd.DataFrame) -> str:
             cells += ["", "", ""]
             continue
         x = x.iloc[0]
-        paper_value = _num(x["paper_value"], x["paper_std"])
+        paper_value = mean_std(x["paper_value"], x["paper_std"])
         if x["status"] == "ok":
-            cells += [paper_value, _num(x["ours_mean"], x["ours_std"]), _num(x["delta"], sign=True)]
+            cells += [paper_value, mean_std(x["ours_mean"], x["ours_std"]), mean_std(x["delta"], sign=True)]
         else:
             cells += [paper_value, x["status"], ""]
     return "| " + " | ".join(cells) + " |"

@@ -13,13 +13,13 @@ seeds, band = ±1 std), FedAvg dashed as the reference (FeSEM Fig. 3).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from mcfl.io import atomic_path, write_text
+from mcfl.io import atomic_path, read_run, write_text
+from mcfl.report.format import markdown_table, mean_std
 
 METRICS = ["micro_acc", "micro_f1", "macro_acc", "macro_f1"]
 CLUSTER = ["ari", "nmi"]
@@ -29,10 +29,10 @@ def collect(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per run with final metrics, all runs' histories stacked)."""
     finals, hists = [], []
     for d in run_dirs:
-        m = json.loads((d / "metrics.json").read_text())
+        m = read_run(d, history=True)
         finals.append({"dataset": m["dataset"], "partition": m.get("partition", "natural"),
                        "method": m["label"], "seed": m["seed"], **m["final"]})
-        h = pd.read_csv(d / "history.csv")
+        h = m["history"]
         h["dataset"], h["method"], h["seed"] = m["dataset"], m["label"], m["seed"]
         hists.append(h)
     return pd.DataFrame(finals), pd.concat(hists, ignore_index=True)
@@ -57,19 +57,11 @@ def summary_table(finals: pd.DataFrame) -> pd.DataFrame:
 
 
 def to_markdown(t: pd.DataFrame) -> str:
-    def pm(mean, std, digits=1):
-        if pd.isna(mean):
-            return ""
-        return f"{mean:.{digits}f}" + ("" if pd.isna(std) else f" ± {std:.{digits}f}")
-
     head = ["dataset", "partition", "method", "seeds", "micro acc", "micro F1", "macro acc", "macro F1", "ARI"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in t.iterrows():
-        cells = [r["dataset"], r["partition"], r["method"], str(int(r["n_seeds"]))]
-        cells += [pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in METRICS]
-        cells += [pm(r["ari_mean"], r["ari_std"], 3)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[r["dataset"], r["partition"], r["method"], str(int(r["n_seeds"]))]
+            + [mean_std(r[f"{k}_mean"], r[f"{k}_std"]) for k in METRICS]
+            + [mean_std(r["ari_mean"], r["ari_std"], 3)] for _, r in t.iterrows()]
+    return markdown_table(head, rows)
 
 
 def convergence_figure(hist: pd.DataFrame, dataset: str, path: Path) -> None:

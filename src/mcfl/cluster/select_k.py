@@ -30,10 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from mcfl.data.store import load, write_arrays
-from mcfl.engine import derive_seed
+from mcfl.streams import SELECT_K, derive_seed
 from mcfl.io import write_json
 
-SELECT = 1_000_005
 
 
 @dataclass
@@ -76,7 +75,7 @@ def select_k(run: dict, store, out, *, device: str = "auto", threads: int = 1) -
 
     sk = SelectK(**run["select_k"])
     data = load(store)
-    rng = np.random.default_rng(derive_seed(run["seed"], SELECT))
+    rng = np.random.default_rng(derive_seed(run["seed"], SELECT_K))
     chosen = np.sort(rng.choice(data.n_clients, size=min(sk.clients, data.n_clients), replace=False))
     if max(sk.K) > len(chosen):
         raise ValueError(f"select_k: K={max(sk.K)} is larger than the {len(chosen)} sampled clients")

@@ -1,0 +1,109 @@
+"""Evaluation protocols (mcfl.evaluation): the FeSEM authors' choices as switches, on a case small
+enough to count by hand, and the standard protocol as their common base."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_run
+from mcfl.data import load, write_store
+from mcfl.data.store import ClientData
+from mcfl.evaluation import Protocol, evaluate, evaluate_protocol
+from mcfl.federation import build_federation
+
+# test labels per client, and training-set sizes (the V1 weights are train + test samples)
+Y_TEST = {"c0": [0, 0], "c1": [0, 1, 1, 1], "c2": [1, 1], "c3": [0, 1]}
+N_TRAIN = {"c0": 2, "c1": 4, "c2": 2, "c3": 6}
+
+
+class TwoModels:
+    """Clusters {c0, c1} -> a model that always says 0, {c2, c3} -> one that always says 1."""
+
+    name = "stub"
+
+    def __init__(self, fed):
+        self.fed = fed
+
+    def eval_models(self, state):
+        return [(torch.zeros(1), np.array([0, 1])), (torch.ones(1), np.array([2, 3]))]
+
+    def predict(self, w, rows, state=None):
+        return torch.full((len(rows),), int(w[0])), torch.zeros(len(rows))
+
+    def assignments(self, state):
+        return np.array([0, 0, 1, 1])
+
+    def extra_metrics(self, state):
+        return {}
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory):
+    clients = [ClientData(u, np.zeros((N_TRAIN[u], 3), np.float32), np.zeros(N_TRAIN[u], np.int64),
+                          np.zeros((len(y), 3), np.float32), np.array(y)) for u, y in Y_TEST.items()]
+    store = write_store(tmp_path_factory.mktemp("eval") / "s", clients, n_classes=2, source="test",
+                        params={})
+    f = build_federation(load(store), {"name": "logreg"}, make_run(rounds=1)["train"], seed=0)
+    f.stream = np.array([[1, 3]])                    # round 1's active clients: c1 and c3
+    return f
+
+
+def test_standard_protocol_pools_over_clients(fed):
+    out, pred = evaluate(TwoModels(fed), None, fed)
+    # per-client accuracy 1, 1/4, 1, 1/2 on 2, 4, 2, 2 test samples
+    assert out["micro_acc"] == pytest.approx(6 / 10) and out["macro_acc"] == pytest.approx(2.75 / 4)
+    assert pred.tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 1, 1]
+    assert evaluate_protocol(Protocol(), TwoModels(fed), None, fed, 1) == \
+        {k: pytest.approx(out[k]) for k in ("micro_acc", "macro_acc", "micro_f1", "macro_f1")}
+
+
+def test_v1_cluster_mean_weights_by_train_plus_test_samples_then_averages_clusters(fed):
+    out = evaluate_protocol(Protocol(combine="cluster_mean"), TwoModels(fed), None, fed, 1)
+    a = (4 * 1 + 8 * 0.25) / 12                       # cluster {c0, c1}: sizes 2+2, 4+4
+    b = (4 * 1 + 8 * 0.5) / 12                        # cluster {c2, c3}: sizes 2+2, 6+2
+    assert out["micro_acc"] == pytest.approx((a + b) / 2)
+    assert out["macro_acc"] == pytest.approx(((1 + 0.25) / 2 + (1 + 0.5) / 2) / 2)
+    assert out["micro_f1"] == out["macro_acc"]        # per-device micro-F1 is accuracy
+
+
+def test_v2_cluster_max_tests_everyone_on_every_model(fed):
+    out = evaluate_protocol(Protocol(combine="cluster_max"), TwoModels(fed), None, fed, 1)
+    # all on "0": 2+1+0+1 of 10 right; all on "1": 0+3+2+1 of 10 right
+    assert out["micro_acc"] == pytest.approx(0.6)
+    assert out["macro_acc"] == pytest.approx((0 + 0.75 + 1 + 0.5) / 4)    # under the last model
+
+
+def test_active_clients_only(fed):
+    out = evaluate_protocol(Protocol(clients="active"), TwoModels(fed), None, fed, 1)
+    assert out["micro_acc"] == pytest.approx(2 / 6)   # c1: 1 of 4, c3: 1 of 2
+    v1 = evaluate_protocol(Protocol(clients="active", combine="cluster_mean"), TwoModels(fed), None, fed, 1)
+    assert v1["micro_acc"] == pytest.approx((0.25 + 0.5) / 2)
+
+
+def test_protocol_switches_are_checked():
+    with pytest.raises(ValueError, match="combine must be one of"):
+        Protocol(combine="max")
+    with pytest.raises(ValueError, match="clients must be one of"):
+        Protocol(clients="some")
+
+
+def test_a_run_records_each_protocol_on_the_same_model(digits_store, tmp_path):
+    """Fine-tuning as a protocol equals the standard evaluation with finetune_epochs, and the
+    protocol columns sit beside the standard ones in history.csv and metrics.json."""
+    import pandas as pd
+
+    from mcfl.runner import train
+
+    protos = {"ft": {"finetune_epochs": 1}, "plain": {}, "v1": {"clients": "active", "combine": "cluster_mean"}}
+    run = make_run(method="FeSEM", params={"K": 2, "restarts": 2}, rounds=2, clients_per_round=6,
+                   eval_protocols=protos)
+    res = train(run, digits_store, tmp_path / "a", threads=1, progress=False)
+    tuned = train(make_run(method="FeSEM", params={"K": 2, "restarts": 2}, rounds=2,
+                           clients_per_round=6, finetune_epochs=1),
+                  digits_store, tmp_path / "b", threads=1, progress=False)
+    f = res["final"]
+    assert f["plain/micro_acc"] == pytest.approx(f["micro_acc"])
+    assert f["ft/micro_acc"] == pytest.approx(tuned["final"]["micro_acc"])
+    assert f["ft/micro_acc"] != pytest.approx(f["micro_acc"])
+    h = pd.read_csv(tmp_path / "a" / "history.csv")
+    assert {"v1/micro_acc", "ft/macro_f1"} <= set(h.columns) and h["v1/micro_acc"].notna().all()
