@@ -6,6 +6,7 @@ workflow tracking LEAF files. Fixtures: the embedded sample and the project's sh
 import gzip
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,24 +189,31 @@ def test_celeba_prepares_from_the_real_faces(tmp_path, caplog):
 
 
 # ---------------------------------------------------------------------------------- workflow
+def leaf_and_digits_config(tmp_path, run: str, shards: int, experiment: str) -> tuple[dict, Path]:
+    """A config with two datasets: ``mine`` (leaf_json over a copy of ``shards`` real shards of
+    the ``run`` LEAF folder) and a tiny digits one; FedAvg, one round. Returns (config, LEAF folder)."""
+    leaf = tmp_path / "leaf"
+    for split in ("train", "test"):
+        (leaf / split).mkdir(parents=True)
+        for f in sorted((FEMNIST_SAMPLE / run / split).glob("*.json.gz"))[:shards]:
+            shutil.copy(f, leaf / split / f.name)
+    train = {"rounds": 1, "lr": 0.05, "eval_every": 1, "clients_per_round": 3, "executor": "batched"}
+    cfg = {"experiment": experiment, "seeds": [0], "tracking": False,
+           "datasets": {
+               "mine": {"prepare": {"source": "leaf_json", "dir": str(leaf), "n_classes": 62},
+                        "model": {"name": "femnist_cnn", "hidden": 16}, "train": train},
+               "digits": {"prepare": {"source": "digits", "clients": 6, "clusters": 2, "seed": 0},
+                          "model": {"name": "digits_cnn"}, "train": train}},
+           "methods": [{"method": "FedAvg"}]}
+    return cfg, leaf
+
+
 @needs_femnist
 @pytest.mark.slow
 def test_workflow_prepares_leaf_json_and_reruns_only_what_an_edited_file_affects(tmp_path, cli_env):
     from test_workflow import job_counts, snakemake, write_config
 
-    leaf = tmp_path / "leaf"                      # two real shards of the leaf-torch run
-    for split in ("train", "test"):
-        (leaf / split).mkdir(parents=True)
-        for f in sorted((FEMNIST_SAMPLE / "leaf-torch" / split).glob("*.json.gz"))[:2]:
-            shutil.copy(f, leaf / split / f.name)
-    train = {"rounds": 1, "lr": 0.05, "eval_every": 1, "clients_per_round": 4, "executor": "batched"}
-    cfg = {"experiment": "leaf-json-wf", "seeds": [0], "tracking": False,
-           "datasets": {
-               "mine": {"prepare": {"source": "leaf_json", "dir": str(leaf), "n_classes": 62},
-                        "model": {"name": "femnist_cnn", "hidden": 16}, "train": train},
-               "digits": {"prepare": {"source": "digits", "clients": 8, "clusters": 2, "seed": 0},
-                          "model": {"name": "digits_cnn"}, "train": train}},
-           "methods": [{"method": "FedAvg"}]}
+    cfg, leaf = leaf_and_digits_config(tmp_path, "leaf-torch", 2, "leaf-json-wf")
     write_config(tmp_path, cfg)
     plan = job_counts(snakemake(tmp_path, cli_env, "-n").stdout)
     assert plan == {"prepare": 2, "train": 2, "report": 1, "all": 1}
@@ -260,19 +268,7 @@ def test_dvc_repro_reruns_exactly_what_an_edited_leaf_file_affects(tmp_path, cli
         copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
         (proj / name).parent.mkdir(parents=True, exist_ok=True)
         copy(ROOT / name, proj / name)
-    leaf = tmp_path / "leaf"
-    for split in ("train", "test"):
-        (leaf / split).mkdir(parents=True)
-        for f in sorted((FEMNIST_SAMPLE / "flic" / split).glob("*.json.gz"))[:1]:
-            shutil.copy(f, leaf / split / f.name)
-    train = {"rounds": 1, "lr": 0.05, "eval_every": 1, "clients_per_round": 3, "executor": "batched"}
-    cfg = {"experiment": "dvc-leaf", "seeds": [0], "tracking": False,
-           "datasets": {
-               "mine": {"prepare": {"source": "leaf_json", "dir": str(leaf), "n_classes": 62},
-                        "model": {"name": "femnist_cnn", "hidden": 16}, "train": train},
-               "digits": {"prepare": {"source": "digits", "clients": 6, "clusters": 2, "seed": 0},
-                          "model": {"name": "digits_cnn"}, "train": train}},
-           "methods": [{"method": "FedAvg"}]}
+    cfg, leaf = leaf_and_digits_config(tmp_path, "flic", 1, "dvc-leaf")
     (proj / "config").mkdir()
     (proj / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
 
