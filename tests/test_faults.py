@@ -193,7 +193,7 @@ def test_killed_cli_process_resumes_bitwise_and_continues_its_mlflow_run(digits_
     out, ck = tmp_path / "out", tmp_path / "ck.pt"
     cmd = [shutil.which("mcfl", path=str(Path(sys.executable).parent)) or "mcfl", "train",
            "--run", json.dumps(run), "--store", str(digits_store), "--out", str(out),
-           "--checkpoint", str(ck), "--no-progress"]
+           "--checkpoint", str(ck), "--no-progress", "--threads", "1"]
     env = dict(os.environ, MLFLOW_TRACKING_URI=mlflow_uri)
     client, _ = mlflow_runs(mlflow_uri, "test")
     why = f"(MCFL_FAULT_SEED={seed}, kill points {kills})"
@@ -389,7 +389,7 @@ def test_divergence_fails_the_mlflow_run_and_leaves_no_result(digits_store, tmp_
 
     def cli_train(run):
         return cli.main(["train", "--run", json.dumps(run), "--store", str(digits_store),
-                         "--out", str(out), "--no-progress"])
+                         "--out", str(out), "--no-progress", "--threads", "1"])
 
     assert cli_train(make_run(rounds=2)) == 0 and (out / "metrics.json").exists()
     assert cli_train(make_run(rounds=2, lr=1e6)) == 1

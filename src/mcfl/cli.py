@@ -60,6 +60,14 @@ def _add_source_parsers(sub) -> None:
                 sp.add_argument(*flag, dest=pname, type=typ, default=d, help=f"default: {d}")
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; all cores where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # not on Linux
+        return os.cpu_count() or 1
+
+
 def _optional_type(fn, name: str) -> type:
     """The type of a parameter that defaults to None, from its annotation (``int | None`` -> int)."""
     import typing
@@ -260,7 +268,7 @@ def _add_figure_parser(sub) -> None:
     f.add_argument("--projection", choices=("pca", "tsne"), default="pca")
     f.add_argument("--seed", type=int, default=0, help="seed of the client sample and of t-SNE")
     f.add_argument("--device", default="auto")
-    f.add_argument("--threads", type=int, default=1)
+    f.add_argument("--threads", type=int, default=available_cores())
     f = figs.add_parser("cases", help="Fig. 5: samples of a few clients of each cluster")
     f.add_argument("--store", required=True, help="the store the run trained on")
     f.add_argument("--assignments", required=True, help="the run's assignments.csv")
@@ -319,7 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--store", required=True, help="prepared data store")
         p.add_argument("--out", required=True)
         p.add_argument("--device", default="auto")
-        p.add_argument("--threads", type=int, default=1)
+        p.add_argument("--threads", type=int, default=available_cores(),
+                       help="CPU threads for torch (default: the cores this process may use, here "
+                            f"{available_cores()}; the workflow passes each job's `threads`)")
         if name != "select-k":
             p.add_argument("--k-from", help="select-k result to take K from (for `K: auto` runs)")
     p = sub.choices["train"]
