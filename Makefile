@@ -10,10 +10,10 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: setup reproduce test test-fast dry-run report clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev]' -c constraints.txt
 	touch $(STAMP)
 
 setup: $(STAMP)
