@@ -8,6 +8,7 @@ from mcfl.algorithms.fedcg import FedCG
 from mcfl.algorithms.fedcluster import FedCluster
 from mcfl.algorithms.feddane import FedDANE
 from mcfl.algorithms.feddist import FedDist, FedDWS
+from mcfl.algorithms.fedfusion import FedFusion
 from mcfl.algorithms.fedmmd import FedMMD
 from mcfl.algorithms.fedgsp import FedGSP, NaiveGSP, NaiveGSPICG
 from mcfl.algorithms.fedopt import FedAdagrad, FedAdam, FedYogi
@@ -25,7 +26,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (
     NoFed, FedSGD, FedAvg, FedDist, FedDWS, Robust, FedCluster, HypoCluster, FedDANE, FedProx,
     FeSEM, FeSEMMA,
     # FedGSP's Table 1 (paper 003)
-    FedGSP, NaiveGSP, NaiveGSPICG, FedAdagrad, FedAdam, FedYogi, IDA, FedMMD,
+    FedGSP, NaiveGSP, NaiveGSPICG, FedAdagrad, FedAdam, FedYogi, IDA, FedMMD, FedFusion,
     # FedCG (paper 002)
     FedCG,
 )}

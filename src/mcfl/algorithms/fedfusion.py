@@ -1,0 +1,69 @@
+"""FedFusion (Yao, Huang, Wu, Zhang, Chen, Li, Xu, "Towards Faster and Better Federated Learning:
+A Feature Fusion Approach", ICIP 2019; a baseline of FedGSP's Table 1).
+
+Each client's model holds the round's global feature extractor, frozen, beside a local copy it
+trains; their feature maps are fused (``operator``: ``conv``, ``multi`` or ``single``; see
+:mod:`mcfl.models.fusion`) and fed to the model's head. Round r:
+
+1. every sampled client starts from the global vector (local extractor = global extractor, fusion
+   operator, head) and trains the local extractor, the operator and the head by plain SGD on
+   cross-entropy; the global extractor gets no gradient;
+2. the server averages the vectors as FedAvg (weights: training-set sizes), then makes the average
+   of the local extractors the next round's global extractor.
+
+The global model tested at an evaluation is that vector (both extractors equal). The extractor is
+the model's layers before its ``nn.Flatten`` (the LEAF CNNs' convolution blocks). Local training
+runs on the sequential path (the frozen half needs the engine's custom-loss step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from mcfl.algorithms.fedavg import FedAvg
+from mcfl.engine import FlatModel, LocalTrainer, Task
+from mcfl.models.fusion import FusionNet
+
+
+@dataclass
+class Params:
+    operator: Literal["conv", "multi", "single"] = "conv"
+
+
+def span(flat: FlatModel, prefix: str) -> slice:
+    """The contiguous slice of the flat vector holding the parameters whose names start ``prefix``."""
+    parts = [sl for n, sl in flat.slices.items() if n.startswith(prefix)]
+    out = slice(min(s.start for s in parts), max(s.stop for s in parts))
+    if sum(s.stop - s.start for s in parts) != out.stop - out.start:
+        raise ValueError(f"parameters {prefix}* are not contiguous in the flat vector")
+    return out
+
+
+def cross_entropy(module, x, y, rows):
+    return F.cross_entropy(module(x), y)
+
+
+class FedFusion(FedAvg):
+    name = "FedFusion"
+    Params = Params
+
+    def __init__(self, fed, params: Params):
+        super().__init__(fed, params)
+        fed.model.load(fed.w0)                  # both extractors start from the run's initial weights
+        net = FusionNet(fed.model.module, fed.data.x_shape, params.operator)
+        flat = FlatModel(net, fed.device)
+        trainer = LocalTrainer(flat, fed.dev, fed.trainer.spec, fed.seed)
+        self.fed = dataclasses.replace(fed, model=flat, trainer=trainer, w0=flat.get())
+        self.local_sl, self.glob_sl = span(flat, "local."), span(flat, "glob.")
+
+    def local_task(self, client: int, w: torch.Tensor) -> Task:
+        return Task(client, w, loss=cross_entropy)     # custom loss: the frozen extractor gets no step
+
+    def server_step(self, w: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        mean[self.glob_sl] = mean[self.local_sl]       # the averaged local extractor becomes global
+        return mean
