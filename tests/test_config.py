@@ -93,3 +93,20 @@ def test_runs_that_compute_the_same_centres_share_one_init_file():
     assert key["FeSEM(3)"].startswith("K3-") and key["FeSEM(4)"].startswith("K4-")
     assert len({key["FeSEM(3)"], key["W(3)"], key["L(3)"]}) == 3
     assert key["A(auto)"] == "A-Kauto"
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """Snakemake's merge of a second --configfile over the first (nested mappings update)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "config").glob("*.yaml")))
+def test_every_shipped_config_is_valid(name):
+    """Each config file validates: a whole config alone, an overlay (no `methods`) over the default."""
+    cfg = yaml.safe_load((ROOT / "config" / name).read_text())
+    if "methods" not in cfg:
+        cfg = _merged(default_config(), cfg)
+    validate(cfg, name)
