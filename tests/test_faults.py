@@ -27,7 +27,7 @@ from conftest import ROOT, make_run, small_params
 from mcfl import algorithms, cli
 from mcfl.config import ConfigError, expand_runs, validate
 from mcfl.data import ClientData, StoreError, load, write_store
-from mcfl.data.store import write_arrays
+from mcfl.data.store import content_hash, write_arrays
 from mcfl.engine import DivergenceError, Task
 from mcfl.federation import build_federation
 from mcfl.io import sha256_file
@@ -476,7 +476,7 @@ def _arrays(clients):
     arrays = {"x_train": cat("x_train"), "y_train": cat("y_train"), "offsets_train": off("y_train"),
               "x_test": cat("x_test"), "y_test": cat("y_test"), "offsets_test": off("y_test"),
               "cluster": np.full(len(clients), -1)}
-    meta = {"format": "mcfl-store/1", "n_classes": 3, "x_shape": [2, 3], "x_scale": 1.0,
+    meta = {"format": "mcfl-store/2", "n_classes": 3, "x_shape": [2, 3], "x_scale": 1.0,
             "client_ids": [c.id for c in clients]}
     return arrays, meta
 
@@ -536,7 +536,9 @@ def test_bad_data_in_an_existing_store_is_rejected_at_load(fault, message, tmp_p
     for name, a in arrays.items():                  # a hand-made store: bad content, right hashes
         np.save(good / f"{name}.npy", a)
         stored["files"][f"{name}.npy"] = sha256_file(good / f"{name}.npy")
-    (good / "meta.json").write_text(json.dumps(dict(stored, client_ids=meta["client_ids"])))
+    stored["client_ids"] = meta["client_ids"]
+    stored["content_hash"] = content_hash(stored)
+    (good / "meta.json").write_text(json.dumps(stored))
     with pytest.raises(StoreError, match=message):
         load(good, verify=fault is _nan)                      # NaN scan: at write, or with verify
 

@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import importlib
 import inspect
+import math
 import typing
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,67 @@ SCHEMA_PATH = Path(__file__).parent / "schema" / "config.schema.yaml"
 
 class ConfigError(ValueError):
     pass
+
+
+#: integers larger than this are rejected anywhere in a config (keys naming a seed excepted): no
+#: count (rounds, clients, K, widths, ...) is meant to be that large, and some allocate memory
+SIZE_LIMIT = 10**9
+
+
+def _check_numbers(node: Any, parts: list) -> None:
+    """Every number of the config is finite (YAML's .nan/.inf pass JSON-schema bounds) and no
+    integer is unreasonably large; the error names the key."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_numbers(v, parts + [k])
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_numbers(v, parts + [i])
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{_path(parts)}: {node} is not allowed: numbers must be finite")
+    elif (isinstance(node, int) and not isinstance(node, bool) and abs(node) > SIZE_LIMIT
+          and not any("seed" in str(p) for p in parts)):
+        raise ConfigError(f"{_path(parts)}: {node} is not allowed: larger than {SIZE_LIMIT:.0e}")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that rejects a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _no_duplicates(loader, node, deep=False):
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        try:
+            first = seen.setdefault(key, line)
+        except TypeError:                       # an unhashable key: PyYAML reports it itself
+            continue
+        if first != line:
+            raise ConfigError(f"line {line}: duplicate key {key!r} (first given on line {first})")
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse a YAML config file; every failure is a one-line ConfigError naming the file."""
+    path = Path(path)
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def _schema() -> dict:
@@ -178,6 +240,7 @@ def _validate(cfg: dict, source: str) -> dict:
     schema = _schema()
     if not isinstance(cfg, dict):
         raise ConfigError(f"{source}: top level must be a mapping")
+    _check_numbers(cfg, [])
     _fill_defaults(cfg, schema, schema)
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(cfg))
     if errors:
@@ -257,6 +320,12 @@ def _validate(cfg: dict, source: str) -> dict:
         from mcfl.fedgsp_config import check_fedgsp
 
         check_fedgsp(cfg, source)
+    used = {r["dataset"] for r in runs} | ({cfg["fedgsp"]["dataset"]} if "fedgsp" in cfg else set())
+    for name in cfg["datasets"]:
+        if name not in used:
+            raise ConfigError(f"{source}: datasets.{name}: no method entry runs on it (their "
+                              f"`datasets` lists leave it out), so it would never be prepared; "
+                              f"remove it or add it to an entry's `datasets`")
     return cfg
 
 
@@ -283,12 +352,7 @@ def n_clients(ds: dict) -> int | None:
 
 def load_config(path: str | Path) -> dict:
     path = Path(path)
-    try:
-        cfg = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    cfg = read_yaml(path)
     try:
         return validate(cfg, str(path))
     except ConfigError as e:

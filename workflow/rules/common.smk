@@ -1,4 +1,9 @@
 # Shared helpers: validate the config (before any job), expand it into runs, and name every path.
+#
+# Quoting rule: every {field} in a shell command is written {field:q} (shell-quoted; a list is quoted
+# element by element, so optional flags are lists such as ["--centres", path] or []). Config values
+# (results, data_dir, experiment, ...) then reach the command as single words whatever they contain;
+# tests/test_faults.py checks every rule file for it.
 import json
 import os
 import shutil
@@ -93,7 +98,7 @@ def k_input(w, run=None):
 
 
 def k_flag(w, input):
-    return f"--k-from {input.k}" if "k" in input.keys() else ""
+    return ["--k-from", input.k] if "k" in input.keys() else []
 
 
 def run_dirs():
