@@ -11,11 +11,13 @@ import time
 
 from snakemake.exceptions import WorkflowError
 
-from mcfl.config import ConfigError, centre_key, centre_spec, expand_runs, validate
+from mcfl.config import ConfigError, centre_key, centre_spec, expand_runs, read_yaml, validate
 from mcfl.data.repartition import is_identity
 from mcfl.io import canonical_json
 
 try:
+    for _f in workflow.configfiles:     # Snakemake's YAML loader keeps a duplicated key's last value
+        read_yaml(_f)
     validate(config, " + ".join(map(str, workflow.configfiles)) or "config")
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}")

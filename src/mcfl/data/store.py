@@ -26,7 +26,8 @@ and is what each training run logs as its data hash.
 Verification (:func:`verify_store`): every :func:`load` recomputes the content hash from
 ``meta.json`` (so an edited ``x_scale``, ``n_classes`` or ``content_hash`` is caught at no cost)
 and checks each file's size against its header; ``load(verify=True)`` also re-hashes every array
-file (a full read: 0.73 s per GB on this 2-core machine, page cache warm; benchmarks/verify_store.py) and scans float features for NaN/inf.
+file (a full read: 0.73 s per GB here, page cache warm; benchmarks/verify_store.py) and scans
+float features for NaN/inf.
 ``mcfl train`` loads with ``verify=True``, before it trains or resumes (a checkpoint resumes only
 on the data hash it was written with).
 
