@@ -69,11 +69,11 @@ def _no_duplicates(loader, node, deep=False):
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
         try:
-            first = seen.setdefault(key, line)
+            if key in seen:
+                raise ConfigError(f"line {line}: duplicate key {key!r} (first given on line {seen[key]})")
         except TypeError:                       # an unhashable key: PyYAML reports it itself
             continue
-        if first != line:
-            raise ConfigError(f"line {line}: duplicate key {key!r} (first given on line {first})")
+        seen[key] = line
     return loader.construct_mapping(node, deep=deep)
 
 
