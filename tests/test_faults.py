@@ -848,6 +848,8 @@ CLI_FAULTS = [
     ("init-spec-empty", ["init-centres", "--run", "{}"], r"--run: missing keys dataset, seed, model, train, K"),
     ("select-k-path", ["select-k", "--run", "{file}"], r"--run: not JSON text"),
     ("download-out-file", ["download", "femnist", "--out", "{file}"], r"File exists: '{file}'"),
+    ("device-bogus", ["train", "--run", "{run}", "--device", "tpu7"], r"--device 'tpu7': not a device"),
+    ("report-no-runs", ["report", "--out", "{tmp}/rep", "{dir}"], r"{dir}"),
 ]
 
 

@@ -76,8 +76,11 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
-    return torch.device(device)
+        raise ValueError(f"--device {device!r}: CUDA is not available")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"--device {device!r}: not a device ({e})") from None
 
 
 def build_model(model_cfg: dict, data: FederatedData) -> torch.nn.Module:

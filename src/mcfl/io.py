@@ -55,10 +55,9 @@ def remove_stale_temps(path: str | os.PathLike) -> None:
     if not path.parent.is_dir():
         return
     for tmp in path.parent.iterdir():
-        rest = tmp.name[len(path.name) + 2:]
         if not (tmp.name.startswith(f".{path.name}.") and tmp.name.endswith(".tmp")):
             continue
-        pid = rest.split(".", 1)[0]
+        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
         if not pid.isdigit() or _alive(int(pid)):       # another file's temporary, or a live writer
             continue
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
