@@ -2,6 +2,7 @@
 # Only datasets whose `partition` block changes the store get this stage: `natural` clients with their
 # own train/test split train on the prepared store directly (see `store()` in common.smk).
 from mcfl.data.repartition import resolve as resolve_partition
+from mcfl.data.store import FORMAT as STORE_FORMAT
 
 
 def partition_of(dataset):
@@ -22,6 +23,7 @@ rule partition:
         "logs/partition/{dataset}.log",
     params:
         partition=lambda w: canonical_json(partition_of(w.dataset)),
+        store_format=STORE_FORMAT,      # a store of an older format is made again
         args=lambda w: partition_args(w.dataset),
     shell:
         "mcfl partition {input:q} --out {output:q} {params.args:q} > {log:q} 2>&1"
