@@ -1020,3 +1020,13 @@ def test_config_paths_with_spaces_and_semicolons_stay_one_word(tmp_path, cli_env
         words = list(shlex.shlex(c, posix=True, punctuation_chars=True))
         assert "touch" not in words and "INJECTED" not in words and ";" not in words, c
         assert any(evil in w for w in words), c
+
+
+def test_the_snakefile_rejects_a_duplicated_key_before_any_job(tmp_path, cli_env):
+    text = (ROOT / "config" / "config.yaml").read_text().replace("seeds: [0, 1, 2]", "seeds: [0, 1, 2]\nseeds: [5]")
+    (tmp_path / "c.yaml").write_text(text)
+    smk = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or "snakemake"
+    r = subprocess.run([smk, "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--configfile",
+                        str(tmp_path / "c.yaml"), "-n", "--cores", "1"], env=cli_env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and re.search(r"c\.yaml: line \d+: duplicate key 'seeds'", r.stderr), r.stderr[-2000:]
