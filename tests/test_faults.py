@@ -1029,4 +1029,5 @@ def test_the_snakefile_rejects_a_duplicated_key_before_any_job(tmp_path, cli_env
     r = subprocess.run([smk, "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--configfile",
                         str(tmp_path / "c.yaml"), "-n", "--cores", "1"], env=cli_env,
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and re.search(r"c\.yaml: line \d+: duplicate key 'seeds'", r.stderr), r.stderr[-2000:]
+    out = r.stdout + r.stderr                       # Snakemake prints a WorkflowError on stdout
+    assert r.returncode != 0 and re.search(r"c\.yaml: line \d+: duplicate key 'seeds'", out), out[-2000:]

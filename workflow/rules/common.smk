@@ -13,6 +13,7 @@ from snakemake.exceptions import WorkflowError
 
 from mcfl.config import ConfigError, centre_key, centre_spec, expand_runs, read_yaml, validate
 from mcfl.data.repartition import is_identity
+from mcfl.data.store import FORMAT as STORE_FORMAT   # a param of the rules that write stores
 from mcfl.io import canonical_json
 
 try:

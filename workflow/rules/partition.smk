@@ -2,7 +2,6 @@
 # Only datasets whose `partition` block changes the store get this stage: `natural` clients with their
 # own train/test split train on the prepared store directly (see `store()` in common.smk).
 from mcfl.data.repartition import resolve as resolve_partition
-from mcfl.data.store import FORMAT as STORE_FORMAT
 
 
 def partition_of(dataset):
