@@ -356,9 +356,9 @@ SPEC_KEYS = ("dataset", "seed", "model", "train", "K")
 
 
 def parse_run(text: str, *, flag: str = "--run", spec_ok: bool = False) -> dict:
-    """A run's (or, with ``spec_ok``, a centre spec's) JSON text from the command line, checked: JSON, the keys
-    training reads, every number finite, a run's ``train`` against the schema and its ``params``
-    against the method. Errors are one-line ConfigErrors naming ``flag`` and the key."""
+    """A run's (or, with ``spec_ok``, a centre spec's) JSON text from the command line, checked:
+    JSON, the keys training reads, every number finite, a run's ``train`` against the schema and
+    its ``params`` against the method. Errors are one-line ConfigErrors naming ``flag`` and the key."""
     import json
 
     import jsonschema
