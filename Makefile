@@ -38,4 +38,4 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
-	rm -rf results logs .snakemake mlflow.db mlartifacts report.html
+	rm -rf results logs .snakemake mlflow.db mlflow.db.*.lock mlartifacts report.html

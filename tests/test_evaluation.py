@@ -44,7 +44,7 @@ def fed(tmp_path_factory):
     store = write_store(tmp_path_factory.mktemp("eval") / "s", clients, n_classes=2, source="test",
                         params={})
     f = build_federation(load(store), {"name": "logreg"}, make_run(rounds=1)["train"], seed=0)
-    f.stream = np.array([[1, 3]])                    # round 1's active clients: c1 and c3
+    f.clients = lambda rnd: np.array([1, 3])        # the active clients of every round: c1 and c3
     return f
 
 

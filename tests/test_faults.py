@@ -11,6 +11,7 @@ import os
 import random
 import re
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from conftest import ROOT, make_run, small_params
 from mcfl import algorithms, cli
 from mcfl.config import ConfigError, expand_runs, validate
 from mcfl.data import ClientData, StoreError, load, write_store
-from mcfl.data.store import write_arrays
+from mcfl.data.store import content_hash, write_arrays
 from mcfl.engine import DivergenceError, Task
 from mcfl.federation import build_federation
 from mcfl.io import sha256_file
@@ -39,7 +40,7 @@ METHODS = sorted(algorithms.ALGORITHMS)
 
 
 def outputs(d: Path) -> dict[str, bytes]:
-    return {f: (d / f).read_bytes() for f in ("history.csv", "assignments.csv", "predictions.csv")}
+    return {f: (d / f).read_bytes() for f in ("history.csv", "assignments.csv", "predictions.csv", "state.pt")}
 
 
 @pytest.fixture(scope="session")
@@ -479,7 +480,7 @@ def _arrays(clients):
     arrays = {"x_train": cat("x_train"), "y_train": cat("y_train"), "offsets_train": off("y_train"),
               "x_test": cat("x_test"), "y_test": cat("y_test"), "offsets_test": off("y_test"),
               "cluster": np.full(len(clients), -1)}
-    meta = {"format": "mcfl-store/1", "n_classes": 3, "x_shape": [2, 3], "x_scale": 1.0,
+    meta = {"format": "mcfl-store/2", "n_classes": 3, "x_shape": [2, 3], "x_scale": 1.0,
             "client_ids": [c.id for c in clients]}
     return arrays, meta
 
@@ -539,7 +540,9 @@ def test_bad_data_in_an_existing_store_is_rejected_at_load(fault, message, tmp_p
     for name, a in arrays.items():                  # a hand-made store: bad content, right hashes
         np.save(good / f"{name}.npy", a)
         stored["files"][f"{name}.npy"] = sha256_file(good / f"{name}.npy")
-    (good / "meta.json").write_text(json.dumps(dict(stored, client_ids=meta["client_ids"])))
+    stored["client_ids"] = meta["client_ids"]
+    stored["content_hash"] = content_hash(stored)
+    (good / "meta.json").write_text(json.dumps(stored))
     with pytest.raises(StoreError, match=message):
         load(good, verify=fault is _nan)                      # NaN scan: at write, or with verify
 
@@ -630,3 +633,399 @@ def test_parallel_jobs_share_one_sqlite_store_without_losing_a_run(tmp_path, cli
     assert "Traceback" not in logs and "OperationalError" not in logs
     retries = logs.count("database is locked); retry")
     print(f"8 concurrent runs recorded; {retries} lock retries")
+
+
+# ==================================================================================== fault tables
+# Each table row is (case id, bad input, regex the one-line error must match). Add a row to add a
+# case; families too large to list are generated from the schema or the store format. The README's
+# reliability section counts these rows.
+
+
+def _one_line_error(err: str, cmd: str, message: str) -> None:
+    """``err`` (a command's stderr) ends with exactly one `mcfl <cmd>: error:` line matching
+    ``message``, and holds no traceback."""
+    assert "Traceback" not in err, err
+    lines = [x for x in err.splitlines() if ": error: " in x]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"mcfl {cmd}: error: ") and re.search(message, lines[0]), lines[0]
+
+
+def _train_schema() -> dict:
+    from mcfl.config import _schema
+
+    return _schema()["$defs"]["train"]["properties"]
+
+
+def _numeric_train_keys(kind):
+    return sorted(k for k, v in _train_schema().items()
+                  if kind in (v.get("type") if isinstance(v.get("type"), list) else [v.get("type")]))
+
+
+def _train_block(c, where):
+    if where == "dataset":
+        return c["datasets"]["digits"]["train"]
+    return c["methods"][0].setdefault("train", {})
+
+
+def _train_path(where):
+    return r"datasets\.digits\.train" if where == "dataset" else r"methods\[0\]\.train"
+
+
+# config values: every number of the train block must be finite (generated: 3 values x keys x 2
+# places), and no count unreasonably large (every integer train key, a prepare and a model size)
+CONFIG_VALUE_FAULTS = [
+    *[(f"{where}-{key}-{value}", (lambda c, where=where, key=key, value=value: _train_block(c, where).update({key: value})),
+       rf"{_train_path(where)}\.{key}: {value} is not allowed: numbers must be finite")
+      for where in ("dataset", "method") for key in _numeric_train_keys("number") + _numeric_train_keys("integer")
+      for value in (float("nan"), float("inf"), float("-inf"))],
+    *[(f"huge-{key}", (lambda c, key=key: c["datasets"]["digits"]["train"].update({key: 10**12})),
+       rf"datasets\.digits\.train\.{key}: 1000000000000 is (not allowed: larger than 1e\+09|greater than the maximum)")
+      for key in _numeric_train_keys("integer")],
+    ("rounds-over-max", lambda c: c["datasets"]["digits"]["train"].update(rounds=2_000_000),
+     r"datasets\.digits\.train\.rounds: 2000000 is greater than the maximum of 1000000"),
+    ("huge-clients", lambda c: c["datasets"]["digits"]["prepare"].update(clients=10**12),
+     r"datasets\.digits\.prepare\.clients: 1000000000000 is not allowed: larger than 1e\+09"),
+    ("huge-K", lambda c: c["methods"][2].update(K=[2, 10**10]), r"methods\[2\]\.K\[1\]: 10000000000 is not allowed"),
+    ("nan-lam", lambda c: c["methods"][2].update(lam=float("nan")), r"methods\[2\]\.lam: nan is not allowed"),
+    ("unused-dataset", lambda c: [m.update(datasets=["digits"]) for m in c["methods"]],
+     r"datasets\.synthetic: no method entry runs on it"),
+    ("empty-results", lambda c: c.update(results=""), r"results: '' should be non-empty"),
+    ("brace-results", lambda c: c.update(results="res{x}"), r"results: 'res\{x\}' does not match"),
+    ("newline-data-dir", lambda c: c.update(data_dir="da\nta"), r"data_dir: 'da\\nta' does not match"),
+]
+
+
+
+@pytest.mark.parametrize("mutate, message", [c[1:] for c in CONFIG_VALUE_FAULTS],
+                         ids=[c[0] for c in CONFIG_VALUE_FAULTS])
+def test_config_value_faults_name_the_key(mutate, message):
+    cfg = _base()
+    mutate(cfg)
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+# config files: what `mcfl check-config FILE` must say (FILE's text, or a callable making the path)
+CONFIG_FILE_FAULTS = [
+    ("duplicate-key", "seeds: [0]\nseeds: [1]\n", r"c\.yaml: line 2: duplicate key 'seeds' \(first given on line 1\)"),
+    ("duplicate-nested-key", "datasets:\n  d:\n    train: {lr: 0.1, lr: 0.2}\n", r"line 3: duplicate key 'lr'"),
+    ("nan-lr", None, r"c\.yaml: datasets\.digits\.train\.lr: nan is not allowed: numbers must be finite"),
+    ("not-utf8", b"seeds: [0]\n# \xff\xfe\n", r"c\.yaml: not UTF-8 text"),
+    ("not-yaml", "seeds: [0\n", r"c\.yaml: not valid YAML"),
+    ("top-level-list", "- 1\n", r"c\.yaml: top level must be a mapping"),
+    ("directory", "DIR", r"c\.yaml: is a directory, not a config file"),
+    ("missing", "MISSING", r"c\.yaml: no such config file"),
+]
+
+
+@pytest.mark.parametrize("content, message", [c[1:] for c in CONFIG_FILE_FAULTS],
+                         ids=[c[0] for c in CONFIG_FILE_FAULTS])
+def test_check_config_file_faults_are_one_line(content, message, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    if content == "DIR":
+        path.mkdir()
+    elif content is None:                     # the default config with `lr: .nan`
+        text = (ROOT / "config" / "config.yaml").read_text()
+        path.write_text(re.sub(r"lr: 0\.2,", "lr: .nan,", text, count=1))
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content != "MISSING":
+        path.write_text(content)
+    assert cli.main(["check-config", str(path)]) == 1
+    _one_line_error(capsys.readouterr().err, "check-config", message)
+
+
+# stores: every way a prepared store can change after `mcfl prepare` (generated per array file)
+def _flip_byte(f: Path) -> None:
+    b = bytearray(f.read_bytes())
+    b[-1] ^= 0xFF                                # the last data byte: header and size unchanged
+    f.write_bytes(bytes(b))
+
+
+def _edit_meta(**kv):
+    def edit(store: Path) -> None:
+        meta = json.loads((store / "meta.json").read_text())
+        meta.update(kv)
+        (store / "meta.json").write_text(json.dumps(meta))
+    return edit
+
+
+STORE_FILES = ("x_train", "y_train", "offsets_train", "x_test", "y_test", "offsets_test", "cluster")
+STORE_FAULTS = [
+    *[(f"flip-{a}", (lambda s, a=a: _flip_byte(s / f"{a}.npy")), rf"{a}\.npy: sha256 differs from meta\.json")
+      for a in STORE_FILES],
+    *[(f"truncate-{a}", (lambda s, a=a: (s / f"{a}.npy").write_bytes((s / f"{a}.npy").read_bytes()[:-1])),
+       rf"{a}\.npy: \d+ bytes, its header implies \d+") for a in STORE_FILES],
+    *[(f"delete-{a}", (lambda s, a=a: (s / f"{a}.npy").unlink()), rf"{a}\.npy: missing from the store")
+      for a in STORE_FILES],
+    *[(f"meta-{k}", _edit_meta(**{k: v}), r"meta\.json: content hash does not match")
+      for k, v in (("x_scale", 1.0), ("n_classes", 11), ("content_hash", "0" * 64),
+                   ("client_ids", [f"x{i}" for i in range(16)]), ("x_dtype", "int8"))],
+    ("meta-n_classes-text", _edit_meta(n_classes="ten"), r"meta\.json: n_classes must be an integer >= 1, found 'ten'"),
+    ("meta-x_scale-text", _edit_meta(x_scale="big"), r"meta\.json: x_scale must be a finite number > 0"),
+    ("meta-x_scale-nan", _edit_meta(x_scale=float("nan")), r"meta\.json: x_scale must be a finite number > 0"),
+    ("meta-x_shape", _edit_meta(x_shape="8x8"), r"meta\.json: x_shape must be a list of integers"),
+    ("meta-files", _edit_meta(files=[]), r"meta\.json: files must be an object of file hashes"),
+    ("meta-old-format", _edit_meta(format="mcfl-store/1"), r"meta\.json: format 'mcfl-store/1'.*older mcfl"),
+    ("meta-no-client_ids", lambda s: _edit_meta()(s) or _drop_meta_key(s, "client_ids"),
+     r"meta\.json: missing key 'client_ids'"),
+    ("meta-not-json", lambda s: (s / "meta.json").write_text("{"), r"meta\.json: not valid JSON"),
+    ("meta-not-utf8", lambda s: (s / "meta.json").write_bytes(b"\xff{}"), r"meta\.json: not valid JSON"),
+    ("meta-missing", lambda s: (s / "meta.json").unlink(), r"meta\.json: missing; .* is not a prepared store"),
+    ("npy-garbage", lambda s: (s / "y_test.npy").write_bytes(b"garbage"), r"y_test\.npy: not a readable \.npy file"),
+]
+
+
+def _drop_meta_key(store: Path, key: str) -> None:
+    meta = json.loads((store / "meta.json").read_text())
+    del meta[key]
+    (store / "meta.json").write_text(json.dumps(meta))
+
+
+def _cli_train(run, store, out, *extra) -> int:
+    return cli.main(["train", "--run", json.dumps(run), "--store", str(store), "--out", str(out),
+                     "--no-tracking", "--no-progress", *extra])
+
+
+@pytest.mark.parametrize("damage, message", [c[1:] for c in STORE_FAULTS], ids=[c[0] for c in STORE_FAULTS])
+def test_a_changed_store_is_never_trained_on(damage, message, digits_store, tmp_path, capsys):
+    store = tmp_path / "store"
+    shutil.copytree(digits_store, store)
+    damage(store)
+    assert _cli_train(make_run(rounds=1), store, tmp_path / "out") == 1
+    _one_line_error(capsys.readouterr().err, "train", message)
+    assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_a_checkpoint_is_not_resumed_on_a_changed_store(digits_store, tmp_path, capsys):
+    store, ck = tmp_path / "store", tmp_path / "ck.pt"
+    shutil.copytree(digits_store, store)
+    run = make_run(rounds=3, checkpoint_every=1)
+    with pytest.raises(KeyboardInterrupt):
+        train(run, store, tmp_path / "out", checkpoint=ck, progress=False, tracker=_DieAt(2))
+    _flip_byte(store / "x_train.npy")
+    assert _cli_train(run, store, tmp_path / "out", "--checkpoint", str(ck)) == 1
+    _one_line_error(capsys.readouterr().err, "train", r"x_train\.npy: sha256 differs")
+    assert ck.exists() and not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_the_content_hash_covers_metadata_but_not_provenance(tmp_path):
+    a = write_store(tmp_path / "a", _clients(), n_classes=3, source="unit", params={"x": 1})
+    b = write_store(tmp_path / "b", _clients(), n_classes=3, source="other", params={"x": 2})
+    c = write_store(tmp_path / "c", _clients(), n_classes=4, source="unit", params={"x": 1})
+    d = write_store(tmp_path / "d", _clients(), n_classes=3, source="unit", params={"x": 1}, x_scale=0.5)
+    hashes = [load(s).content_hash for s in (a, b, c, d)]
+    assert hashes[0] == hashes[1] and len(set(hashes)) == 3
+
+
+# command-line arguments: argv (with {store}, {tmp}, {run}, {file}, {dir} filled in) -> message
+def _run_json(**changes) -> str:
+    run = make_run(rounds=1)
+    for key, value in changes.items():
+        if key.startswith("train_"):
+            run["train"][key[6:]] = value
+        else:
+            run[key] = value
+    return json.dumps(run)
+
+
+CLI_FAULTS = [
+    ("run-empty", ["train", "--run", "{}"], r"--run: missing keys dataset, method, label"),
+    ("run-list", ["train", "--run", "[1]"], r"--run: missing keys"),
+    ("run-path", ["train", "--run", "{file}"], r"--run: not JSON text \(that is a file name\)"),
+    ("run-rounds-0", ["train", "--run", _run_json(train_rounds=0)], r"--run: train\.rounds: 0 is less than the minimum of 1"),
+    ("run-no-rounds", ["train", "--run", json.dumps({**make_run(), "train": {"lr": 0.1}})], r"--run: train\.rounds: missing"),
+    ("run-lr-nan", ["train", "--run", _run_json(train_lr=float("nan"))], r"--run: train\.lr: nan is not allowed"),
+    ("run-rounds-huge", ["train", "--run", _run_json(train_rounds=10**12)], r"--run: train\.rounds: 1000000000000"),
+    ("run-train-list", ["train", "--run", _run_json(train=[1])], r"--run: train: must be an object"),
+    ("run-method", ["train", "--run", _run_json(method="FedNope")], r"--run: method: unknown method 'FedNope'"),
+    ("run-params", ["train", "--run", _run_json(method="FeSEM", params={"K": 2, "lam": "x"})], r"--run: params\.lam: 'x'"),
+    ("run-unknown-param", ["train", "--run", _run_json(params={"mu": 1.0})], r"--run: params\.mu: unknown parameter of FedAvg"),
+    ("checkpoint-dir", ["train", "--run", "{run}", "--checkpoint", "{dir}"], r"{dir}: --checkpoint must be a file path"),
+    ("out-is-file", ["train", "--run", "{run}", "--out", "{file}"], r"{file}: --out must be a directory"),
+    ("store-missing", ["train", "--run", "{run}", "--store", "{tmp}/nope"], r"{tmp}/nope/meta\.json: missing"),
+    ("centres-garbage", ["train", "--run", _run_json(method="FeSEM", params={"K": 2, "restarts": 2}, needs_centres=True),
+                         "--centres", "{file}"], r"{file}: not a centres file"),
+    ("k-from-garbage", ["train", "--run", _run_json(method="FeSEM", params={"K": "auto"}), "--k-from", "{file}"],
+     r"{file}: not a select-k result"),
+    ("init-spec-empty", ["init-centres", "--run", "{}"], r"--run: missing keys dataset, seed, model, train, K"),
+    ("select-k-path", ["select-k", "--run", "{file}"], r"--run: not JSON text"),
+    ("download-out-file", ["download", "femnist", "--out", "{file}"], r"File exists: '{file}'"),
+    ("device-bogus", ["train", "--run", "{run}", "--device", "tpu7"], r"--device 'tpu7': not a device"),
+    ("report-no-runs", ["report", "--out", "{tmp}/rep", "{dir}"], r"{dir}"),
+]
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+@pytest.mark.parametrize("argv, message", [c[1:] for c in CLI_FAULTS], ids=[c[0] for c in CLI_FAULTS])
+def test_cli_argument_faults_are_one_line_naming_the_argument_or_file(argv, message, digits_store,
+                                                                      tmp_path, capsys):
+    fill = {"store": str(digits_store), "tmp": str(tmp_path), "run": _run_json(),
+            "file": str(tmp_path / "a file.txt"), "dir": str(tmp_path / "a dir")}
+    (tmp_path / "a file.txt").write_text("not what was asked for")
+    (tmp_path / "a dir").mkdir()
+    argv = [_fill(a, fill) for a in argv]
+    if argv[0] in ("train", "init-centres", "select-k"):       # the required arguments not given
+        defaults = {"--store": str(digits_store), "--out": str(tmp_path / "out")}
+        argv += [x for k, v in defaults.items() if k not in argv for x in (k, v)]
+    if argv[0] == "train":
+        argv += ["--no-tracking", "--no-progress"]
+    assert cli.main(argv) == 1
+    _one_line_error(capsys.readouterr().err, argv[0], _fill(message, {k: re.escape(v) for k, v in fill.items()}))
+    assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+# ====================================================================================== outputs, 2
+def test_a_failed_rerun_leaves_none_of_the_earlier_outputs(digits_store, tmp_path):
+    from mcfl.runner import RESULTS
+
+    run = make_run(method="FeSEM", params=small_params("FeSEM"), rounds=2)
+    train(run, digits_store, tmp_path, progress=False)
+    assert all((tmp_path / f).exists() for f in RESULTS)
+    with pytest.raises(DivergenceError):
+        train(make_run(method="FeSEM", params=small_params("FeSEM"), rounds=2, lr=1e6), digits_store,
+              tmp_path, progress=False)
+    assert not any((tmp_path / f).exists() for f in RESULTS)
+
+
+def test_temporaries_of_killed_writers_are_removed_and_live_ones_kept(digits_store, tmp_path):
+    """A SIGKILL during a write leaves `.<name>.<pid>.<random>.tmp`; the next run removes those
+    whose process is gone (pid 2**22 + 1 is above Linux's pid_max), never a live writer's."""
+    out, ck = tmp_path / "out", tmp_path / "ck" / "seed0.pt"
+    dead, live = 2**22 + 1, os.getpid()
+    stale = [out / f".{f}.{dead}.x1.tmp" for f in ("history.csv", "state.pt", "metrics.json")]
+    stale += [ck.parent / f".{ck.name}.{dead}.x2.tmp", out / f".state.pt.{dead}.dir.tmp"]
+    kept = [out / f".history.csv.{live}.x3.tmp", out / "notes.tmp"]
+    for f in stale + kept:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.mkdir() if f.name.endswith("dir.tmp") else f.write_text("partial")
+    train(make_run(rounds=2, checkpoint_every=1), digits_store, out, checkpoint=ck, progress=False)
+    assert not any(f.exists() for f in stale) and all(f.exists() for f in kept)
+
+
+# ===================================================================================== tracking, 2
+_OPEN_STORE = ("import sys; from mcfl.track import _client, experiment_id; c = _client(); "
+               "c.create_run(experiment_id(c, 'race'))")
+
+
+def test_parallel_processes_open_a_new_sqlite_store_once(tmp_path, cli_env):
+    """Four processes open a sqlite store that does not exist yet, at once: MLflow creates its
+    tables on first open and two doing that together fail; the store's init lock serialises it."""
+    procs = [subprocess.Popen([sys.executable, "-c", _OPEN_STORE], env=cli_env, cwd=tmp_path,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, "\n".join(e[-800:] for e in errs)
+    _, runs = mlflow_runs(cli_env["MLFLOW_TRACKING_URI"], "race")
+    assert len(runs) == 4
+
+
+def _finished_run_dirs(store, root: Path, n: int) -> list[Path]:
+    dirs = [root / f"run{i}" for i in range(n)]
+    for i, d in enumerate(dirs):
+        train(make_run(rounds=2, seed=i), store, d, progress=False)
+    return dirs
+
+
+@pytest.mark.slow
+def test_concurrent_mcfl_track_records_each_run_once(digits_store, tmp_path, cli_env):
+    dirs = _finished_run_dirs(digits_store, tmp_path, 3)
+    mcfl = shutil.which("mcfl", path=str(Path(sys.executable).parent)) or "mcfl"
+    procs = [subprocess.Popen([mcfl, "track", "--experiment", "trk", "--out", str(tmp_path / f"t{i}.tsv"),
+                               *map(str, dirs)], env=cli_env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(errs)
+    _, runs = mlflow_runs(cli_env["MLFLOW_TRACKING_URI"], "trk")
+    assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
+    assert (tmp_path / "t0.tsv").read_text() == (tmp_path / "t1.tsv").read_text()
+
+
+def test_mcfl_track_redoes_a_run_a_killed_track_left_half_recorded(digits_store, tmp_path, mlflow_uri, caplog):
+    from mcfl.track import RECORD_TAG, record_finished
+
+    (d,) = _finished_run_dirs(digits_store, tmp_path, 1)
+    ((_, first),) = record_finished([d], "trk")
+    client, _ = mlflow_runs(mlflow_uri, "trk")
+    client.set_terminated(first, "RUNNING")                    # as if killed before its end
+    with caplog.at_level(logging.WARNING, "mcfl"):
+        ((_, second),) = record_finished([d], "trk")
+    assert f"deleting MLflow run {first}" in caplog.text
+    _, runs = mlflow_runs(mlflow_uri, "trk")
+    assert [r.info.run_id for r in runs] == [second] != [first]
+    assert runs[0].info.status == "FINISHED" and RECORD_TAG in runs[0].data.tags
+    assert record_finished([d], "trk") == [(str(d), second)]    # now recorded: skipped
+
+
+@pytest.mark.slow
+def test_parallel_tracked_train_jobs_on_a_new_sqlite_store(digits_store, tmp_path, cli_env):
+    """Three `mcfl train --tracking` at once, with MLFLOW_TRACKING_URI naming a file not yet made."""
+    mcfl = shutil.which("mcfl", path=str(Path(sys.executable).parent)) or "mcfl"
+    procs = [subprocess.Popen([mcfl, "train", "--run", json.dumps(make_run(rounds=1, seed=i)),
+                               "--store", str(digits_store), "--out", str(tmp_path / f"o{i}"),
+                               "--tracking", "--no-progress"], env=cli_env, cwd=tmp_path,
+                              stderr=subprocess.PIPE, text=True) for i in range(3)]
+    errs = [p.communicate(timeout=600)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 3, "\n".join(e[-1500:] for e in errs)
+    _, runs = mlflow_runs(cli_env["MLFLOW_TRACKING_URI"], "test")
+    assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
+    assert all((tmp_path / f"o{i}" / "metrics.json").exists() for i in range(3))
+
+
+# ====================================================================================== quoting
+RULE_FILES = sorted((ROOT / "workflow" / "rules").glob("*.smk"))
+
+
+def _shell_fields(path: Path) -> list[str]:
+    """The {fields} of every shell command in a rule file."""
+    text = path.read_text()
+    blocks = re.findall(r"\n(\s+)shell:\n((?:\1\s+\".*\"\s*\n)+)", text)
+    return [f for _, block in blocks for f in re.findall(r"\{([^{}]+)\}", "".join(re.findall(r'"(.*)"', block)))]
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=[p.name for p in RULE_FILES])
+def test_every_value_in_a_shell_command_is_quoted(path):
+    """The quoting rule (workflow/rules/common.smk): every {field} of a shell command is {field:q}."""
+    fields = _shell_fields(path)
+    assert [f for f in fields if not f.endswith(":q")] == []
+    assert fields or path.name in ("common.smk",) or "shell:" not in path.read_text()
+
+
+def test_config_paths_with_spaces_and_semicolons_stay_one_word(tmp_path, cli_env):
+    """`snakemake -n -p` with results, experiment and figure titles holding a space, a `;`, quotes
+    and `$(...)`: every printed command still parses with each of them inside one word."""
+    evil = "r s;touch INJECTED 'q\" $(touch INJECTED)"
+    cfg = {"experiment": evil, "seeds": [0], "tracking": "deferred", "results": evil, "data_dir": evil,
+           "datasets": {"digits": {"prepare": {"source": "digits", "clients": 12, "clusters": 2, "seed": 0},
+                                   "model": {"name": "digits_cnn"}, "train": {"rounds": 2}}},
+           "methods": [{"method": "FedAvg"}, {"method": "FeSEM", "K": 2}, {"method": "FeSEM", "name": "A", "K": "auto",
+                                                                          "select_k": {"K": [2, 3]}}],
+           "figures": {"clusters": {"run": "FeSEM(2)"}, "cases": {"run": "FeSEM(2)"}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    smk = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or "snakemake"
+    r = subprocess.run([smk, "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--configfile",
+                        str(tmp_path / "c.yaml"), "-n", "-p", "--cores", "1"], env=cli_env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cmds = [x.split(": ", 1)[1] for x in r.stdout.splitlines() if x.startswith("Shell command: mcfl ")]
+    rules = {c.split()[1] for c in cmds}
+    assert {"train", "init-centres", "select-k", "report", "track", "figure", "report-select-k"} <= rules
+    for c in cmds:
+        words = list(shlex.shlex(c, posix=True, punctuation_chars=True))
+        assert "touch" not in words and "INJECTED" not in words and ";" not in words, c
+        assert any(evil in w for w in words), c
+
+
+def test_the_snakefile_rejects_a_duplicated_key_before_any_job(tmp_path, cli_env):
+    text = (ROOT / "config" / "config.yaml").read_text().replace("seeds: [0, 1, 2]", "seeds: [0, 1, 2]\nseeds: [5]")
+    (tmp_path / "c.yaml").write_text(text)
+    smk = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or "snakemake"
+    r = subprocess.run([smk, "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--configfile",
+                        str(tmp_path / "c.yaml"), "-n", "--cores", "1"], env=cli_env,
+                       capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr                       # Snakemake prints a WorkflowError on stdout
+    assert r.returncode != 0 and re.search(r"c\.yaml: line \d+: duplicate key 'seeds'", out), out[-2000:]

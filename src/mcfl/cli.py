@@ -161,7 +161,9 @@ def _cmd_init_centres(a) -> int:
     from mcfl.cluster.init import init_centres, save_centres
     from mcfl.cluster.spec import centre_spec
 
-    spec = json.loads(a.run)
+    from mcfl.config import parse_run
+
+    spec = parse_run(a.run, spec_ok=True)
     if "params" in spec:                                  # a run: its centre spec
         spec = centre_spec(spec)
     if spec["K"] == "auto":
@@ -184,7 +186,9 @@ def _cmd_train(a) -> int:
     from mcfl.runner import train
     from mcfl.track import make_tracker
 
-    run = _resolve_k(json.loads(a.run), a.k_from)
+    from mcfl.config import parse_run
+
+    run = parse_run(json.dumps(_resolve_k(parse_run(a.run), a.k_from)))
     tracker = make_tracker(a.tracking, run.get("experiment", "mcfl"))
     inputs = {"centres": a.centres} if a.centres else None
     res = train(run, a.store, a.out, inputs=inputs, tracker=tracker, device=a.device,
@@ -212,7 +216,9 @@ def _cmd_select_k(a) -> int:
     from mcfl.federation import resolve_device
     from mcfl.cluster.select_k import select_k
 
-    run = json.loads(a.run)
+    from mcfl.config import parse_run
+
+    run = parse_run(a.run)
     if not run.get("select_k"):
         raise ValueError(f"{run['label']}: not a `K: auto` run (no select_k settings)")
     configure_torch(resolve_device(a.device), a.threads)
@@ -283,7 +289,9 @@ def _cmd_figure(a) -> int:
     from mcfl.report import figures
 
     if a.figure == "clusters":
-        run = json.loads(a.run)
+        from mcfl.config import parse_run
+
+        run = parse_run(a.run)
         dev = _federation_device(a.device, a.threads)
         res = figures.clusters_figure(run, a.store, a.state, a.out, n_clients=a.clients,
                                       projection=a.projection, seed=a.seed, device=dev)
@@ -387,8 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return COMMANDS[args.cmd](args)
-    except (ValueError, FileNotFoundError, MemoryError, DivergenceError) as e:   # ConfigError, StoreError too
-        print(f"mcfl {args.cmd}: error: {e}", file=sys.stderr)
+    except (ValueError, OSError, MemoryError, DivergenceError) as e:   # ConfigError, StoreError too
+        # one line; OSError's text names its file ("[Errno 21] Is a directory: 'x'")
+        print(f"mcfl {args.cmd}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)

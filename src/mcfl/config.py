@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import importlib
 import inspect
+import math
 import typing
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,67 @@ class ConfigError(ValueError):
 #: top-level config blocks that belong to one paper: key -> "module:function(cfg, source)", run
 #: after the rest of the config validated (the hook may expand runs; it raises ConfigError)
 SECTIONS = {"fedgsp": "mcfl.fedgsp.config:check_fedgsp"}
+
+
+#: integers larger than this are rejected anywhere in a config (keys naming a seed excepted): no
+#: count (rounds, clients, K, widths, ...) is meant to be that large, and some allocate memory
+SIZE_LIMIT = 10**9
+
+
+def _check_numbers(node: Any, parts: list) -> None:
+    """Every number of the config is finite (YAML's .nan/.inf pass JSON-schema bounds) and no
+    integer is unreasonably large; the error names the key."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_numbers(v, parts + [k])
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_numbers(v, parts + [i])
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{_path(parts)}: {node} is not allowed: numbers must be finite")
+    elif (isinstance(node, int) and not isinstance(node, bool) and abs(node) > SIZE_LIMIT
+          and not any("seed" in str(p) for p in parts)):
+        raise ConfigError(f"{_path(parts)}: {node} is not allowed: larger than {SIZE_LIMIT:.0e}")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that rejects a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _no_duplicates(loader, node, deep=False):
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        try:
+            if key in seen:
+                raise ConfigError(f"line {line}: duplicate key {key!r} (first given on line {seen[key]})")
+        except TypeError:                       # an unhashable key: PyYAML reports it itself
+            continue
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse a YAML config file; every failure is a one-line ConfigError naming the file."""
+    path = Path(path)
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def _schema() -> dict:
@@ -181,6 +243,7 @@ def _validate(cfg: dict, source: str) -> dict:
     schema = _schema()
     if not isinstance(cfg, dict):
         raise ConfigError(f"{source}: top level must be a mapping")
+    _check_numbers(cfg, [])
     _fill_defaults(cfg, schema, schema)
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(cfg))
     if errors:
@@ -260,6 +323,12 @@ def _validate(cfg: dict, source: str) -> dict:
         if key in cfg:
             module, fn = hook.split(":")
             getattr(importlib.import_module(module), fn)(cfg, source)
+    used = {r["dataset"] for r in runs} | ({cfg["fedgsp"]["dataset"]} if "fedgsp" in cfg else set())
+    for name in cfg["datasets"]:
+        if name not in used:
+            raise ConfigError(f"{source}: datasets.{name}: no method entry runs on it (their "
+                              f"`datasets` lists leave it out), so it would never be prepared; "
+                              f"remove it or add it to an entry's `datasets`")
     return cfg
 
 
@@ -284,14 +353,58 @@ def n_clients(ds: dict) -> int | None:
     return n if isinstance(n, int) else None
 
 
+#: the keys of a run (``expand_runs``) that training reads, and of a centre spec (``centre_spec``)
+RUN_KEYS = ("dataset", "method", "label", "run_id", "seed", "params", "model", "train")
+SPEC_KEYS = ("dataset", "seed", "model", "train", "K")
+
+
+def parse_run(text: str, *, flag: str = "--run", spec_ok: bool = False) -> dict:
+    """A run's (or, with ``spec_ok``, a centre spec's) JSON text from the command line, checked:
+    JSON, the keys training reads, every number finite, a run's ``train`` against the schema and
+    its ``params`` against the method. Errors are one-line ConfigErrors naming ``flag`` and the key."""
+    import json
+
+    import jsonschema
+    from jsonschema.exceptions import best_match
+
+    from mcfl import algorithms
+
+    try:
+        run = json.loads(text)
+    except json.JSONDecodeError as e:
+        hint = " (that is a file name)" if Path(text).exists() else ""
+        raise ConfigError(f"{flag}: not JSON text{hint} ({e}); pass the run's JSON itself, as "
+                          f"`mcfl check-config` and the workflow make it") from None
+    keys = SPEC_KEYS if spec_ok and isinstance(run, dict) and "params" not in run else RUN_KEYS
+    missing = [k for k in keys if not isinstance(run, dict) or k not in run]
+    if missing:
+        raise ConfigError(f"{flag}: missing keys {', '.join(missing)}; pass a run's JSON as "
+                          f"`mcfl.config.expand_runs` makes it")
+    try:
+        _check_numbers(run, [])
+        for key in ("train", "model") + (("params",) if keys is RUN_KEYS else ()):
+            if not isinstance(run[key], dict):
+                raise ConfigError(f"{key}: must be an object, found {run[key]!r:.40}")
+        errors = list(jsonschema.Draft202012Validator(_schema()["$defs"]["train"]).iter_errors(run["train"]))
+        if errors:
+            e = best_match(errors)
+            raise ConfigError(f"{_path(['train', *e.absolute_path])}: {e.message}")
+        if keys is RUN_KEYS and "rounds" not in run["train"]:
+            raise ConfigError("train.rounds: missing")
+        if keys is RUN_KEYS and run["params"].get("K") != "auto":
+            if run["method"] not in algorithms.ALGORITHMS:
+                raise ConfigError(f"method: unknown method {run['method']!r}; known: "
+                                  f"{', '.join(sorted(algorithms.ALGORITHMS))}")
+            entry = {"method": run["method"], **{k: v for k, v in run["params"].items() if k != "K"}}
+            method_params(entry, "params", run["params"].get("K"))
+    except ConfigError as e:
+        raise ConfigError(f"{flag}: {e}") from None
+    return run
+
+
 def load_config(path: str | Path) -> dict:
     path = Path(path)
-    try:
-        cfg = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    cfg = read_yaml(path)
     try:
         return validate(cfg, str(path))
     except ConfigError as e:

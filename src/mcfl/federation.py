@@ -1,5 +1,5 @@
 """The simulated federation an algorithm runs in: data on the device, the model, the local-update
-engine, the seeded initial weights and the pre-sampled client stream.
+engine, the seeded initial weights and the client stream.
 
 Seeds. A run's ``seed`` is split by purpose with :func:`mcfl.engine.derive_seed`:
 
@@ -27,14 +27,19 @@ from mcfl.executors import make_trainer
 
 
 
-def client_stream(n_clients: int, per_round: int | None, seed: int, rounds: int) -> np.ndarray:
-    """(rounds, k) sorted client indices; row r-1 depends only on (seed, r, n_clients, k)."""
+def round_clients(n_clients: int, per_round: int | None, seed: int, rnd: int) -> np.ndarray:
+    """Round ``rnd``'s sorted client indices; they depend only on (seed, rnd, n_clients, k), so a
+    round's clients are drawn when it starts (memory does not grow with the number of rounds)."""
     k = n_clients if per_round is None else min(int(per_round), n_clients)
-    rows = []
-    for r in range(1, rounds + 1):
-        rng = np.random.default_rng(derive_seed(seed, STREAM, r))
-        rows.append(np.sort(rng.choice(n_clients, size=k, replace=False)))
-    return np.stack(rows).astype(np.int64) if rows else np.zeros((0, k), dtype=np.int64)
+    rng = np.random.default_rng(derive_seed(seed, STREAM, rnd))
+    return np.sort(rng.choice(n_clients, size=k, replace=False)).astype(np.int64)
+
+
+def client_stream(n_clients: int, per_round: int | None, seed: int, rounds: int) -> np.ndarray:
+    """(rounds, k): :func:`round_clients` of rounds 1..rounds."""
+    k = n_clients if per_round is None else min(int(per_round), n_clients)
+    rows = [round_clients(n_clients, per_round, seed, r) for r in range(1, rounds + 1)]
+    return np.stack(rows) if rows else np.zeros((0, k), dtype=np.int64)
 
 
 @dataclass
@@ -45,7 +50,7 @@ class Federation:
     trainer: LocalTrainer
     seed: int
     w0: torch.Tensor
-    stream: np.ndarray
+    per_round: int | None
     inputs: dict[str, Path] = field(default_factory=dict)
 
     @property
@@ -61,7 +66,7 @@ class Federation:
         return self.dev.device
 
     def clients(self, rnd: int) -> np.ndarray:
-        return self.stream[rnd - 1]
+        return round_clients(self.n_clients, self.per_round, self.seed, rnd)
 
     def rng(self, rnd: int, purpose: int = 0) -> np.random.Generator:
         return np.random.default_rng(derive_seed(self.seed, SERVER, rnd, purpose))
@@ -71,8 +76,11 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
-    return torch.device(device)
+        raise ValueError(f"--device {device!r}: CUDA is not available")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"--device {device!r}: not a device ({e})") from None
 
 
 def build_model(model_cfg: dict, data: FederatedData) -> torch.nn.Module:
@@ -93,7 +101,5 @@ def build_federation(data: FederatedData, model_cfg: dict, train_cfg: dict, seed
                      max_grad_norm=train_cfg.get("max_grad_norm"))
     trainer = make_trainer(train_cfg.get("executor", "sequential"), flat, dev, spec, seed,
                            chunk=train_cfg.get("executor_chunk"))
-    stream = client_stream(data.n_clients, train_cfg.get("clients_per_round"), seed,
-                           int(train_cfg.get("rounds", 0)))
-    return Federation(data, dev, flat, trainer, int(seed), flat.get(), stream,
+    return Federation(data, dev, flat, trainer, int(seed), flat.get(), train_cfg.get("clients_per_round"),
                       {k: Path(v) for k, v in (inputs or {}).items()})

@@ -2,7 +2,9 @@
 
 Every file the package produces goes through :func:`atomic_path` (or a helper built on it) so that a
 killed process never leaves a half-written output that Snakemake or the report could mistake for a
-result: content is written to a temporary sibling and renamed into place.
+result: content is written to a temporary sibling (``.<name>.<pid>.<random>.tmp``) and renamed into
+place. A process killed mid-write (SIGKILL) leaves its temporary behind; the next write of the same
+path removes every such temporary whose process is gone (:func:`remove_stale_temps`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
+    prefix = f".{path.name}.{os.getpid()}."
     if is_dir:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=path.parent))
     else:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
         os.close(fd)
         tmp = Path(name)
     try:
@@ -43,6 +47,35 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         else:
             tmp.unlink(missing_ok=True)
         raise
+
+
+def remove_stale_temps(path: str | os.PathLike) -> None:
+    """Remove the temporaries of :func:`atomic_path` for ``path`` left by processes that are gone."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return
+    for tmp in path.parent.iterdir():
+        if not (tmp.name.startswith(f".{path.name}.") and tmp.name.endswith(".tmp")):
+            continue
+        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):       # another file's temporary, or a live writer
+            continue
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:         # another user's process
+        return True
+    return True
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

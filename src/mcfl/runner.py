@@ -1,7 +1,7 @@
 """The round loop, written once for every algorithm.
 
 ``train(run, store, out_dir)`` builds the federation, initialises the algorithm (or resumes it from
-its checkpoint), and for r = 1..R: takes round r's clients from the pre-sampled stream, calls
+its checkpoint), and for r = 1..R: draws round r's clients (from (seed, r) alone), calls
 ``algorithm.round``, evaluates every ``eval_every`` rounds and at the end, logs to the tracker, and
 checkpoints every ``checkpoint_every`` rounds. Outputs (each written atomically, ``metrics.json``
 last, so a killed job leaves nothing the report could take for a result):
@@ -23,11 +23,14 @@ run id. There is no RNG state to save: every random draw is derived from (seed, 
 purpose). A rerun of the same job resumes from it, continues the same MLflow run, and ends with
 outputs bitwise equal to an uninterrupted run's (on the CPU). A checkpoint of another configuration
 or data set is ignored with a warning; it is deleted once the run has finished. Outputs of an
-earlier run in ``out_dir`` are removed first, so a failed run never leaves a result behind.
+earlier run in ``out_dir`` (``state.pt`` included) are removed first, so a failed run never leaves a
+result behind. The store is verified in full (:func:`mcfl.data.store.verify_store`: metadata and
+file hashes) before training or resuming, so the data hash recorded is that of the data trained on.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
@@ -43,7 +46,7 @@ from mcfl import algorithms
 from mcfl.data.store import load, warn_untested
 from mcfl.evaluation import evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
-from mcfl.io import OUTPUTS, atomic_path, config_hash, git_revision, write_json
+from mcfl.io import OUTPUTS, atomic_path, config_hash, git_revision, remove_stale_temps, write_bytes, write_json
 
 log = logging.getLogger("mcfl")
 
@@ -51,9 +54,16 @@ log = logging.getLogger("mcfl")
 # ---------------------------------------------------------------------------------- checkpointing
 def _save_checkpoint(path: Path, algo, state, rnd: int, rows: list[dict], identity: dict,
                      tracking_id: str | None) -> None:
-    with atomic_path(path) as tmp:
-        torch.save({"round": rnd, "state": algo.state_dict(state), "history": rows,
-                    "tracking_id": tracking_id or "", **identity}, tmp)
+    _torch_save(path, {"round": rnd, "state": algo.state_dict(state), "history": rows,
+                       "tracking_id": tracking_id or "", **identity})
+
+
+def _torch_save(path: Path, obj) -> None:
+    """torch.save through memory: the archive's internal name is then fixed ("archive"), not the
+    temporary file's, so equal states give byte-equal files."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    write_bytes(path, buf.getvalue())
 
 
 def _load_checkpoint(path: Path | None, algo, identity: dict, device) -> dict | None:
@@ -99,6 +109,10 @@ def configure_torch(device: torch.device, threads: int) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+#: every file a run writes to out_dir; all are removed when a run starts
+RESULTS = ("state.pt",) + OUTPUTS
+
+
 def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
           inputs: dict[str, str] | None = None, tracker=None, device: str = "auto", threads: int = 1,
           checkpoint: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
@@ -107,12 +121,18 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
 
     tracker = tracker or NullTracker()
     out_dir = Path(out_dir)
-    for name in OUTPUTS:                    # a stale result must not outlive a failed rerun
+    ckpt_path = Path(checkpoint) if checkpoint else None
+    if ckpt_path and ckpt_path.exists() and not ckpt_path.is_file():
+        raise ValueError(f"{ckpt_path}: --checkpoint must be a file path, not a directory")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{out_dir}: --out must be a directory, not a file")
+    for name in RESULTS:                    # a stale result must not outlive a failed rerun
         (out_dir / name).unlink(missing_ok=True)
+        remove_stale_temps(out_dir / name)
     dev = resolve_device(device)
     configure_torch(dev, threads)
     t0 = time.time()
-    data = load(store)
+    data = load(store, verify=True)         # file hashes too: the data hash logged is the data used
     if int(data.meta["n_test"]) == 0:
         from mcfl.data.store import StoreError
 
@@ -130,7 +150,6 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
                 # the CPU kernels PyTorch picked (AVX2, AVX512...): they round differently, so a CPU
                 # run repeats bitwise only on a machine with the same capability
                 "cpu": torch.backends.cpu.get_cpu_capability()}
-    ckpt_path = Path(checkpoint) if checkpoint else None
     ck = _load_checkpoint(ckpt_path, algo, identity, dev)
     if ck:
         state, start, rows = ck["state"], ck["round"] + 1, list(ck["history"])
@@ -226,5 +245,4 @@ def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, 
 def _write_state(path: Path, algo, state) -> None:
     """A clustered run's final state (tensors only: loads with ``weights_only=True``) for the
     clustering figure; an empty dict for unclustered methods, whose state can be m models."""
-    with atomic_path(path) as tmp:
-        torch.save(algo.state_dict(state) if algo.clustered else {}, tmp)
+    _torch_save(path, algo.state_dict(state) if algo.clustered else {})

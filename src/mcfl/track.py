@@ -5,7 +5,11 @@ change directory still find it); artifacts under ``<cwd>/mlartifacts`` (a server
 For runs on several machines point ``MLFLOW_TRACKING_URI`` at an ``mlflow server`` (SQLite on a
 network filesystem is unsafe).
 
-A Snakemake invocation creates the store, the experiment and one parent *sweep* run before any job
+Concurrency. MLflow creates a new sqlite store's tables (and migrates an old one) when a client
+first opens it, and two processes doing that at once fail (``table tags already exists``): every
+client is opened under a file lock next to the sqlite file (:func:`store_lock`), so the first
+process creates the tables and the others wait for it. A Snakemake invocation also creates the
+store, the experiment and one parent *sweep* run before any job
 starts (``init_sweep``, from the Snakefile's ``onstart``); each training job finds the sweep's id in
 ``$MCFL_SWEEP_RUN_ID`` and nests its run under it. Writes retry when SQLite says "database is locked"
 (each retry is logged). A resumed training job (see :mod:`mcfl.runner`) continues its MLflow run:
@@ -21,10 +25,12 @@ params, tags, per-round metrics and artifacts; nothing is visible in the UI unti
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import random
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -49,10 +55,28 @@ def _retry(fn: Callable, *args, tries: int = 12, **kwargs):
             time.sleep(wait)
 
 
+def store_lock(purpose: str, uri: str | None = None):
+    """A file lock shared by this machine's processes that use tracking store ``uri``: next to a
+    sqlite file (``mlflow.db.<purpose>.lock``), else in the temporary directory."""
+    from filelock import FileLock
+
+    uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///"):
+        return FileLock(f"{uri[len('sqlite:///'):].split('?')[0]}.{purpose}.lock")
+    key = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    return FileLock(Path(tempfile.gettempdir()) / f"mcfl-mlflow-{key}.{purpose}.lock")
+
+
 def _client():
+    """An MLflow client; opened under the store's ``init`` lock, since opening a sqlite store
+    creates or migrates its tables."""
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=tracking_uri())
+    uri = tracking_uri()
+    if not uri.startswith("sqlite:"):
+        return MlflowClient(tracking_uri=uri)
+    with store_lock("init", uri):
+        return MlflowClient(tracking_uri=uri)
 
 
 def experiment_id(client, name: str) -> str:
@@ -194,9 +218,15 @@ def record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tup
     """Record finished runs from their files (``metrics.json`` with the resolved config,
     ``history.csv``; the run's outputs as artifacts) as live tracking would have: one MLflow run
     each, nested under ``$MCFL_SWEEP_RUN_ID`` if set. A run directory whose ``metrics.json`` is
-    already recorded (tag ``mcfl_record``: its sha256) is skipped, so rerunning after a partial
-    rerun of the DAG adds only the new results. Returns (run directory, MLflow run id) pairs."""
-    import hashlib
+    already recorded (a FINISHED run with tag ``mcfl_record``: its sha256) is skipped, so rerunning
+    after a partial rerun of the DAG adds only the new results. Idempotent under concurrency: the
+    whole lookup-and-record holds the store's ``track`` lock, and a run left unfinished by a killed
+    ``mcfl track`` is deleted and recorded again. Returns (run directory, MLflow run id) pairs."""
+    with store_lock("track"):
+        return _record_finished(run_dirs, experiment)
+
+
+def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tuple[str, str]]:
     import math
 
     import pandas as pd
@@ -210,7 +240,13 @@ def record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tup
     while True:                                       # every recorded run of the experiment
         page = _retry(client.search_runs, [exp], filter_string=f"tags.{RECORD_TAG} != ''",
                       max_results=5000, page_token=token)
-        known.update({r.data.tags[RECORD_TAG]: r.info.run_id for r in page})
+        for r in page:
+            if r.info.status == "FINISHED":
+                known[r.data.tags[RECORD_TAG]] = r.info.run_id
+            else:                                     # a killed `mcfl track` left it half-recorded
+                log.warning("deleting MLflow run %s, left unfinished by an earlier `mcfl track`",
+                            r.info.run_id)
+                _retry(client.delete_run, r.info.run_id)
         token = page.token
         if not token:
             break

@@ -1,4 +1,9 @@
 # Shared helpers: validate the config (before any job), expand it into runs, and name every path.
+#
+# Quoting rule: every {field} in a shell command is written {field:q} (shell-quoted; a list is quoted
+# element by element, so optional flags are lists such as ["--centres", path] or []). Config values
+# (results, data_dir, experiment, ...) then reach the command as single words whatever they contain;
+# tests/test_faults.py checks every rule file for it.
 import json
 import os
 import shutil
@@ -7,11 +12,14 @@ import time
 from snakemake.exceptions import WorkflowError
 
 from mcfl.cluster.spec import centre_key, centre_spec
-from mcfl.config import ConfigError, expand_runs, validate
+from mcfl.config import ConfigError, expand_runs, read_yaml, validate
 from mcfl.data.repartition import is_identity
+from mcfl.data.store import FORMAT as STORE_FORMAT   # a param of the rules that write stores
 from mcfl.io import canonical_json
 
 try:
+    for _f in workflow.configfiles:     # Snakemake's YAML loader keeps a duplicated key's last value
+        read_yaml(_f)
     validate(config, " + ".join(map(str, workflow.configfiles)) or "config")
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}")
@@ -94,7 +102,7 @@ def k_input(w, run=None):
 
 
 def k_flag(w, input):
-    return f"--k-from {input.k}" if "k" in input.keys() else ""
+    return ["--k-from", input.k] if "k" in input.keys() else []
 
 
 def run_dirs():

@@ -2,6 +2,7 @@
 
 
 def prepare_args(dataset):
+    """`mcfl prepare`'s words for a dataset (a list: the shell command quotes each one)."""
     p = config["datasets"][dataset]["prepare"]
     args = [p["source"]]
     for key, value in p.items():
@@ -11,13 +12,10 @@ def prepare_args(dataset):
         if isinstance(value, bool):
             args.append(flag if value else "--no-" + key.replace("_", "-"))
         elif isinstance(value, list):
-            args += [f"{flag} {shlex.quote(str(v))}" for v in value]
+            args += [a for v in value for a in (flag, str(v))]
         elif value is not None:
-            args.append(f"{flag} {shlex.quote(str(value))}")
-    return " ".join(args)
-
-
-import shlex
+            args += [flag, str(value)]
+    return args
 
 
 rule prepare:
@@ -31,9 +29,10 @@ rule prepare:
         RES + "/benchmarks/prepare/{dataset}.tsv"
     params:
         prepare=lambda w: canonical_json(config["datasets"][w.dataset]["prepare"]),
-        args=lambda w: f"{prepare_args(w.dataset)} {raw_dir_arg(w.dataset)}",
+        store_format=STORE_FORMAT,
+        args=lambda w: prepare_args(w.dataset) + raw_dir_arg(w.dataset),
     shell:
-        "mcfl prepare {params.args} --out {output} > {log} 2>&1"
+        "mcfl prepare {params.args:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule data_all:

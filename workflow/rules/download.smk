@@ -3,7 +3,6 @@
 # raw_inputs() (nothing for the embedded sources) and reads them from there (--raw-dir). A source
 # with an `inputs` hook (leaf_json) has those files as the prepare job's inputs instead.
 import re
-import shlex
 
 from mcfl.data import source_fn
 from mcfl.data.leaf.cli import leaf_sources
@@ -48,13 +47,13 @@ def raw_inputs(w):
 
 def raw_dir_arg(dataset):
     src = config["datasets"][dataset]["prepare"]["source"]
-    return f"--raw-dir {shlex.quote(RAW + '/' + src)}" if src in LEAF_RAW else ""
+    return ["--raw-dir", f"{RAW}/{src}"] if src in LEAF_RAW else []
 
 
 def download_args(w):
     s = leaf_fetch_settings(w.source)
-    args = [f"--source {shlex.quote(s['origin'])}"] if s.get("origin") else []
-    return " ".join(args + [f"--md5 {shlex.quote(m)}" for m in s.get("md5") or []])
+    args = ["--source", s["origin"]] if s.get("origin") else []
+    return args + [a for m in s.get("md5") or [] for a in ("--md5", m)]
 
 
 rule download:
@@ -69,5 +68,5 @@ rule download:
         source="|".join(LEAF_RAW) or "^$",
         file="|".join(re.escape(f) for fn in LEAF_RAW.values() for f in fn.raw_files) or "^$",
     shell:
-        "mcfl download {wildcards.source} --file {wildcards.file} --out {params.raw} {params.args} "
-        "> {log} 2>&1"
+        "mcfl download {wildcards.source:q} --file {wildcards.file:q} --out {params.raw:q} "
+        "{params.args:q} > {log:q} 2>&1"

@@ -19,8 +19,9 @@ if FEDCG_RUNS:
         log:
             LOGS + "/fedcg_tables.log",
         params:
-            runs=" ".join(FEDCG_RUNS),
+            runs=FEDCG_RUNS,
+            out=RES + "/fedcg",
         shell:
-            "mcfl report-fedcg --out {RES}/fedcg {params.runs} > {log} 2>&1"
+            "mcfl report-fedcg --out {params.out:q} {params.runs:q} > {log:q} 2>&1"
 
     EXTRA_TARGETS += list(rules.fedcg_tables.output)

@@ -47,14 +47,14 @@ if "fedgsp" in config:
             LOGS + "/fedgsp/" + GSP_DS + "/cpd.log",
         params:
             groups=_gsp_cpd_groups(),
-            seeds=" ".join(str(s) for s in config["seeds"]),
+            seeds=[str(s) for s in config["seeds"]],
             rounding=_gsp_base_params["rounding"],
             iters=_gsp_base_params["icg_iters"],
             sigma=GSP.get("sigma", 1.0),
         shell:
-            "mcfl fedgsp cpd --store {input.store} --groups {params.groups} --seeds {params.seeds} "
-            "--rounding {params.rounding} --icg-iters {params.iters} --sigma {params.sigma} "
-            "--out $(dirname {output.csv}) > {log} 2>&1"
+            "mcfl fedgsp cpd --store {input.store:q} --groups {params.groups:q} --seeds {params.seeds:q} "
+            "--rounding {params.rounding:q} --icg-iters {params.iters:q} --sigma {params.sigma:q} "
+            "--out \"$(dirname {output.csv:q})\" > {log:q} 2>&1"
 
     rule fedgsp_table:
         input:
@@ -70,12 +70,12 @@ if "fedgsp" in config:
             LOGS + "/fedgsp/" + GSP_DS + "/table.log",
         params:
             train=canonical_json(_gsp_train(GSP_MAIN)),
-            dirs=" ".join(_gsp_dir(r) for r in GSP_MAIN),
+            dirs=[_gsp_dir(r) for r in GSP_MAIN],
             target=GSP["target"],
             cost=GSP_COST,
         shell:
-            "mcfl fedgsp table --store {input.store} --target {params.target} --cost {params.cost:q} "
-            "--train {params.train:q} --out $(dirname {output.table}) {params.dirs} > {log} 2>&1"
+            "mcfl fedgsp table --store {input.store:q} --target {params.target:q} --cost {params.cost:q} "
+            "--train {params.train:q} --out \"$(dirname {output.table:q})\" {params.dirs:q} > {log:q} 2>&1"
 
     EXTRA_TARGETS += [rules.fedgsp_cpd.output.figure, rules.fedgsp_table.output.table]
 
@@ -91,9 +91,9 @@ if "fedgsp" in config:
             log:
                 LOGS + "/fedgsp/" + GSP_DS + "/heatmap.log",
             params:
-                dirs=" ".join(_gsp_dir(r) for r, _ in GSP_SWEEPS["heatmap"]),
+                dirs=[_gsp_dir(r) for r, _ in GSP_SWEEPS["heatmap"]],
             shell:
-                "mcfl fedgsp heatmap --out $(dirname {output.csv}) {params.dirs} > {log} 2>&1"
+                "mcfl fedgsp heatmap --out \"$(dirname {output.csv:q})\" {params.dirs:q} > {log:q} 2>&1"
 
         EXTRA_TARGETS.append(rules.fedgsp_heatmap.output.figure)
 
@@ -111,10 +111,10 @@ if "fedgsp" in config:
                 LOGS + "/fedgsp/" + GSP_DS + "/kappa.log",
             params:
                 train=canonical_json(_gsp_train([r for r, _ in GSP_SWEEPS["kappa"]])),
-                dirs=" ".join(_gsp_dir(r) for r, _ in GSP_SWEEPS["kappa"]),
+                dirs=[_gsp_dir(r) for r, _ in GSP_SWEEPS["kappa"]],
                 cost=GSP_COST,
             shell:
-                "mcfl fedgsp kappa --store {input.store} --cost {params.cost:q} --train {params.train:q} "
-                "--out $(dirname {output.csv}) {params.dirs} > {log} 2>&1"
+                "mcfl fedgsp kappa --store {input.store:q} --cost {params.cost:q} --train {params.train:q} "
+                "--out \"$(dirname {output.csv:q})\" {params.dirs:q} > {log:q} 2>&1"
 
         EXTRA_TARGETS.append(rules.fedgsp_kappa.output.figure)

@@ -48,9 +48,9 @@ rule figure_clusters:
     resources:
         gpu=GPU,
     shell:
-        "mcfl figure clusters --run {params.run:q} --store {input.store} --state {input.state} "
-        "--out {output.png} --clients {params.clients} --projection {params.projection} "
-        "--seed {params.seed} --device {params.device} --threads {threads} > {log} 2>&1"
+        "mcfl figure clusters --run {params.run:q} --store {input.store:q} --state {input.state:q} "
+        "--out {output.png:q} --clients {params.clients:q} --projection {params.projection:q} "
+        "--seed {params.seed:q} --device {params.device:q} --threads {threads:q} > {log:q} 2>&1"
 
 
 rule figure_cases:
@@ -69,9 +69,9 @@ rule figure_cases:
         samples=FIG["cases"]["samples"],
         seed=FIG["seed"],
     shell:
-        "mcfl figure cases --store {input.store} --assignments {input.assignments} --out {output} "
-        "--title {params.title:q} --clients {params.clients} --samples {params.samples} "
-        "--seed {params.seed} > {log} 2>&1"
+        "mcfl figure cases --store {input.store:q} --assignments {input.assignments:q} --out {output:q} "
+        "--title {params.title:q} --clients {params.clients:q} --samples {params.samples:q} "
+        "--seed {params.seed:q} > {log:q} 2>&1"
 
 
 EXTRA_TARGETS += [RES + f"/figures/clusters_{d}.png" for d in figure_datasets("clusters")]

@@ -20,5 +20,5 @@ rule init_centres:
     resources:
         gpu=GPU,
     shell:
-        "mcfl init-centres --run {params.run:q} --store {input.store} --out {output} {params.k} "
-        "--device {params.device} --threads {threads} > {log} 2>&1"
+        "mcfl init-centres --run {params.run:q} --store {input.store:q} --out {output:q} {params.k:q} "
+        "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1"

@@ -1,8 +1,6 @@
 # Re-partition a prepared store into new clients (FeSEM §6.1: (a) IID, (b) Dir(0.5); `mcfl partition`).
 # Only datasets whose `partition` block changes the store get this stage: `natural` clients with their
 # own train/test split train on the prepared store directly (see `store()` in common.smk).
-import shlex
-
 from mcfl.data.repartition import resolve as resolve_partition
 
 
@@ -11,8 +9,8 @@ def partition_of(dataset):
 
 
 def partition_args(dataset):
-    return " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v))}"
-                    for k, v in partition_of(dataset).items() if v is not None)
+    return [a for k, v in partition_of(dataset).items() if v is not None
+            for a in (f"--{k.replace('_', '-')}", str(v))]
 
 
 rule partition:
@@ -24,6 +22,7 @@ rule partition:
         "logs/partition/{dataset}.log",
     params:
         partition=lambda w: canonical_json(partition_of(w.dataset)),
+        store_format=STORE_FORMAT,      # a store of an older format is made again
         args=lambda w: partition_args(w.dataset),
     shell:
-        "mcfl partition {input} --out {output} {params.args} > {log} 2>&1"
+        "mcfl partition {input:q} --out {output:q} {params.args:q} > {log:q} 2>&1"

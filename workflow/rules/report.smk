@@ -19,7 +19,8 @@ rule report:
     benchmark:
         RES + "/benchmarks/report.tsv"
     params:
-        runs=lambda w, input: " ".join(os.path.dirname(f) for f in input),
-        sources=" ".join(f"{d}={ds['prepare']['source']}" for d, ds in config["datasets"].items()),
+        runs=lambda w, input: [os.path.dirname(f) for f in input],
+        sources=[f"{d}={ds['prepare']['source']}" for d, ds in config["datasets"].items()],
+        out=RES,
     shell:
-        "mcfl report --out {RES} {params.runs} --sources {params.sources} > {log} 2>&1"
+        "mcfl report --out {params.out:q} {params.runs:q} --sources {params.sources:q} > {log:q} 2>&1"

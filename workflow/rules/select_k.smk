@@ -19,8 +19,8 @@ rule select_k:
     resources:
         gpu=GPU,
     shell:
-        "mcfl select-k --run {params.run:q} --store {input.store} --out {output} "
-        "--device {params.device} --threads {threads} > {log} 2>&1"
+        "mcfl select-k --run {params.run:q} --store {input.store:q} --out {output:q} "
+        "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1"
 
 
 if AUTO:
@@ -33,7 +33,9 @@ if AUTO:
             markdown=RES + "/select_k.md",
         log:
             LOGS + "/select_k_report.log",
+        params:
+            out=RES,
         shell:
-            "mcfl report-select-k --out {RES} {input} > {log} 2>&1"
+            "mcfl report-select-k --out {params.out:q} {input:q} > {log:q} 2>&1"
 
     EXTRA_TARGETS += [RES + "/select_k.md"]

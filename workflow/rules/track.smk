@@ -13,8 +13,8 @@ if config["tracking"] == "deferred":
             LOGS + "/track.log",
         params:
             experiment=config["experiment"],
-            runs=lambda w, input: " ".join(os.path.dirname(f) for f in input),
+            runs=lambda w, input: [os.path.dirname(f) for f in input],
         shell:
-            "mcfl track --experiment {params.experiment:q} --out {output} {params.runs} > {log} 2>&1"
+            "mcfl track --experiment {params.experiment:q} --out {output:q} {params.runs:q} > {log:q} 2>&1"
 
     EXTRA_TARGETS.append(rules.track.output[0])

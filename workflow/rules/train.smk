@@ -24,7 +24,7 @@ rule train:
         RES + "/benchmarks/train/{dataset}/{run}/seed{seed}.tsv"
     params:
         run=run_json,
-        centres=lambda w, input: f"--centres {input.centres}" if "centres" in input.keys() else "",
+        centres=lambda w, input: ["--centres", input.centres] if "centres" in input.keys() else [],
         checkpoint=lambda w: f"{RES}/checkpoints/{w.dataset}/{w.run}/seed{w.seed}.pt",
         tracking="--tracking" if config["tracking"] is True else "--no-tracking",
         device=config["device"],
@@ -33,6 +33,6 @@ rule train:
     resources:
         gpu=GPU,
     shell:
-        "mcfl train --run {params.run:q} --store {input.store} {params.centres} {params.k} "
-        "--out $(dirname {output.metrics}) --checkpoint {params.checkpoint} {params.tracking} "
-        "--device {params.device} --threads {threads} > {log} 2>&1"
+        "mcfl train --run {params.run:q} --store {input.store:q} {params.centres:q} {params.k:q} "
+        "--out \"$(dirname {output.metrics:q})\" --checkpoint {params.checkpoint:q} {params.tracking:q} "
+        "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1"

@@ -158,8 +158,14 @@ def save_centres(c: Centres, path) -> None:
 
 
 def load_centres(path, K: int, fed: Federation) -> Centres:
-    d = torch.load(path, map_location=fed.device, weights_only=True)
-    centres, assign = d["centres"], d["assign"]
+    try:
+        d = torch.load(path, map_location=fed.device, weights_only=True)
+        centres, assign = d["centres"], d["assign"]
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch raises several types for a file that is not one
+        raise ValueError(f"{path}: not a centres file ({type(e).__name__}); rerun the "
+                         f"init_centres rule") from None
     if centres.shape != (K, fed.model.size) or assign.shape != (fed.n_clients,):
         raise ValueError(f"{path}: centres {tuple(centres.shape)} / assignments {tuple(assign.shape)} "
                          f"do not fit K={K}, |W|={fed.model.size}, m={fed.n_clients}; "

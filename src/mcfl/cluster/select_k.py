@@ -107,7 +107,11 @@ def select_k(run: dict, store, out, *, device: str = "auto", threads: int = 1) -
 def read_k(path) -> int:
     import json
 
-    return int(json.loads(Path(path).read_text())["K"])
+    try:
+        return int(json.loads(Path(path).read_text())["K"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a select-k result ({type(e).__name__}: {e}); rerun the "
+                         f"select_k rule") from None
 
 
 def write_select_k_report(files: list[Path], out: Path) -> None:

@@ -19,7 +19,17 @@ ids that occur only in test data (``unseen``).
 Inputs are stored compactly: ``uint8`` images with ``x_scale = 1/255`` (or ``1/16`` for sklearn's
 digits), or ``float32`` features with ``x_scale = 1``. Arrays are memory-mapped on load, so opening
 the FEMNIST store (~630 MB) costs nothing until rows are read. The content hash covers every array
-file and is what each training run logs as its data hash.
+file and the metadata that gives the arrays their meaning (:data:`CONTENT_KEYS`: shapes, dtype,
+``x_scale``, ``n_classes``, client ids, domains; not provenance such as ``source`` or ``params``),
+and is what each training run logs as its data hash.
+
+Verification (:func:`verify_store`): every :func:`load` recomputes the content hash from
+``meta.json`` (so an edited ``x_scale``, ``n_classes`` or ``content_hash`` is caught at no cost)
+and checks each file's size against its header; ``load(verify=True)`` also re-hashes every array
+file (a full read: 0.73 s per GB here, page cache warm; benchmarks/verify_store.py) and scans
+float features for NaN/inf.
+``mcfl train`` loads with ``verify=True``, before it trains or resumes (a checkpoint resumes only
+on the data hash it was written with).
 
 Data faults are checked once, on the concatenated arrays (:func:`check_arrays`), both when a store
 is written (``write_store``/``write_arrays``, so no source can write a bad store) and when it is
@@ -40,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -50,7 +61,10 @@ from mcfl.io import atomic_path, sha256_file
 
 log = logging.getLogger("mcfl")
 
-FORMAT = "mcfl-store/1"
+FORMAT = "mcfl-store/2"   # /2: the content hash covers CONTENT_KEYS of meta.json (/1: arrays only)
+#: the keys of meta.json that the content hash covers (what changes how the arrays are read)
+CONTENT_KEYS = ("format", "n_clients", "n_classes", "n_train", "n_test", "x_shape", "x_dtype",
+                "x_scale", "client_ids", "domains")
 ARRAYS = ("x_train", "y_train", "offsets_train", "x_test", "y_test", "offsets_test", "cluster")
 OPTIONAL = ("domain_train", "domain_test")
 
@@ -197,7 +211,8 @@ def write_arrays(out: str | Path, arrays: dict[str, np.ndarray], meta: dict[str,
         for name in ARRAYS + tuple(n for n in OPTIONAL if n in arrays):
             np.save(tmp / f"{name}.npy", arrays[name], allow_pickle=False)
             files[f"{name}.npy"] = sha256_file(tmp / f"{name}.npy")
-        meta = dict(meta, files=files, content_hash=_content_hash(files))
+        meta = dict(meta, format=FORMAT, files=files)
+        meta["content_hash"] = content_hash(meta)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     return out
 
@@ -206,10 +221,12 @@ def _offsets(sizes: Sequence[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
 
-def _content_hash(files: dict[str, str]) -> str:
+def content_hash(meta: dict[str, Any]) -> str:
+    """sha256 over the array files' hashes (``meta["files"]``) and the :data:`CONTENT_KEYS` of meta."""
     h = hashlib.sha256()
-    for name in sorted(files):
-        h.update(f"{name}:{files[name]}\n".encode())
+    for name in sorted(meta["files"]):
+        h.update(f"{name}:{meta['files'][name]}\n".encode())
+    h.update(json.dumps({k: meta.get(k) for k in CONTENT_KEYS}, sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -285,31 +302,15 @@ def warn_untested(where, client_ids, n_test) -> None:
 
 # ------------------------------------------------------------------------------------------ loading
 def load(path: str | Path, *, verify: bool = False, mmap: bool = True) -> FederatedData:
-    """Open a store. ``verify=True`` also re-hashes every array file against ``meta.json``."""
+    """Open a store after :func:`verify_store` (``verify=True``: the full check, with file hashes)."""
     path = Path(path)
-    meta_path = path / "meta.json"
-    if not meta_path.is_file():
-        raise StoreError(f"{meta_path}: missing; {path} is not a prepared store "
-                         f"(make one with `mcfl prepare`)")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as e:
-        raise StoreError(f"{meta_path}: not valid JSON ({e})") from e
-    if meta.get("format") != FORMAT:
-        raise StoreError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    missing = [k for k in ("client_ids", "n_classes", "x_shape", "x_scale", "files") if k not in meta]
-    if missing:
-        raise StoreError(f"{meta_path}: missing keys {missing}")
+    meta = verify_store(path, full=verify)
     arrays = {}
-    for name in ARRAYS + tuple(n for n in OPTIONAL if f"{n}.npy" in meta.get("files", {})):
+    for name in _array_names(meta):
         f = path / f"{name}.npy"
-        if not f.is_file():
-            raise StoreError(f"{f}: missing from the store")
-        if verify and sha256_file(f) != meta["files"][f"{name}.npy"]:
-            raise StoreError(f"{f}: sha256 differs from meta.json (file changed or corrupt)")
         try:
             arrays[name] = np.load(f, mmap_mode="r" if mmap else None, allow_pickle=False)
-        except ValueError as e:
+        except (ValueError, OSError) as e:
             raise StoreError(f"{f}: unreadable ({e})") from e
     for split in ("train", "test"):
         dom, n = arrays.get(f"domain_{split}"), len(arrays[f"y_{split}"])
@@ -318,3 +319,73 @@ def load(path: str | Path, *, verify: bool = False, mmap: bool = True) -> Federa
                              f"sample ({n}), found shape {dom.shape}")
     check_arrays(path, arrays, meta, finite=verify)
     return FederatedData(path=path, meta=meta, client_ids=list(meta["client_ids"]), **arrays)
+
+
+def _array_names(meta: dict) -> tuple[str, ...]:
+    return ARRAYS + tuple(n for n in OPTIONAL if f"{n}.npy" in meta["files"])
+
+
+#: meta.json keys every store has, and the check each value must pass
+_META_TYPES = {
+    "client_ids": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v)),
+    "n_classes": ("an integer >= 1", lambda v: type(v) is int and v >= 1),
+    "x_shape": ("a list of integers >= 1", lambda v: isinstance(v, list)
+                and all(type(i) is int and i >= 1 for i in v)),
+    "x_scale": ("a finite number > 0", lambda v: type(v) in (int, float) and math.isfinite(v) and v > 0),
+    "files": ("an object of file hashes", lambda v: isinstance(v, dict) and all(
+        isinstance(h, str) for h in v.values()) and all(f"{a}.npy" in v for a in ARRAYS)),
+    "content_hash": ("a string", lambda v: isinstance(v, str)),
+}
+
+
+def verify_store(path: str | Path, *, full: bool = False) -> dict[str, Any]:
+    """Check a store before it is used and return its meta; :class:`StoreError` names the file.
+
+    Always (cheap: reads meta.json and the .npy headers): format, the type of every meta key, the
+    content hash recomputed from meta.json, every array file present with the size its header
+    implies. ``full``: every array file's sha256 against meta.json (a full read)."""
+    path = Path(path)
+    meta_path = path / "meta.json"
+    if not meta_path.is_file():
+        raise StoreError(f"{meta_path}: missing; {path} is not a prepared store "
+                         f"(make one with `mcfl prepare`)")
+    try:
+        meta = json.loads(meta_path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StoreError(f"{meta_path}: not valid JSON ({e})") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        fmt = meta.get("format") if isinstance(meta, dict) else None
+        old = " (written by an older mcfl: prepare it again)" if fmt == "mcfl-store/1" else ""
+        raise StoreError(f"{meta_path}: format {fmt!r}, expected {FORMAT!r}{old}")
+    for key, (want, ok) in _META_TYPES.items():
+        if key not in meta:
+            raise StoreError(f"{meta_path}: missing key {key!r}")
+        if not ok(meta[key]):
+            raise StoreError(f"{meta_path}: {key} must be {want}, found {meta[key]!r:.60}")
+    if content_hash(meta) != meta["content_hash"]:
+        raise StoreError(f"{meta_path}: content hash does not match the file hashes and metadata "
+                         f"(meta.json edited or corrupt); prepare the store again")
+    for name in _array_names(meta):
+        f = path / f"{name}.npy"
+        if not f.is_file():
+            raise StoreError(f"{f}: missing from the store")
+        _check_npy_size(f)
+        if full and sha256_file(f) != meta["files"][f"{name}.npy"]:
+            raise StoreError(f"{f}: sha256 differs from meta.json (file changed or corrupt)")
+    return meta
+
+
+def _check_npy_size(f: Path) -> None:
+    """The file is as long as its .npy header says (a truncated or extended file fails here)."""
+    try:
+        with open(f, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = read(fh)
+            want = fh.tell() + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    except (ValueError, OSError) as e:
+        raise StoreError(f"{f}: not a readable .npy file ({e})") from e
+    if dtype.hasobject or f.stat().st_size != want:
+        raise StoreError(f"{f}: {f.stat().st_size} bytes, its header implies {want} "
+                         f"(file truncated or changed)")
