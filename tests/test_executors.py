@@ -170,3 +170,23 @@ def test_every_method_runs_with_the_batched_executor(method, digits_store, tmp_p
         final[ex] = train(run, digits_store, tmp_path / ex, progress=False)["final"]
     for key in ("micro_acc", "macro_acc"):
         assert final["batched"][key] == pytest.approx(final["sequential"][key], abs=0.02), key
+
+
+def test_feddane_round_with_batched_executor_matches_sequential(digits_store):
+    """FedDANE keeps its step-1 gradients under ``batched`` (which holds the tasks anyway) and
+    recomputes them under ``sequential``: the same round either way, up to float rounding."""
+    from mcfl.algorithms.fedavg import FedAvg
+    from mcfl.algorithms.feddane import FedDANE, Params
+
+    out = {}
+    for ex in ("sequential", "batched"):
+        fed = build_federation(load(digits_store), {"name": "digits_cnn"},
+                               {"lr": 0.05, "batch_size": 5, "local_epochs": 1, "rounds": 1, "executor": ex},
+                               seed=2)
+        calls = []
+        grad = fed.trainer.gradient
+        fed.trainer.gradient = lambda *a, **k: calls.append(1) or grad(*a, **k)
+        clients = fed.clients(1)[:5]
+        out[ex] = (FedDANE(fed, Params(mu=0.2)).round(FedAvg(fed, None).init(), clients, 1)[0].w, len(calls))
+    assert out["sequential"][1] == 10 and out["batched"][1] == 5
+    assert torch.allclose(out["sequential"][0], out["batched"][0], atol=1e-5, rtol=0)

@@ -28,19 +28,29 @@ history A, G growing by B rows per step (:class:`LowRankLinear`); no weight grad
 update pass; at the end ``W = W0 - lr G^T A``, one GEMM per client. When the chunk's clients start
 from the same W0 (FedAvg and the like: they are grouped by start), ``x W0^T`` and ``g W0`` are one GEMM
 over all the chunk's rows, reading the weight once per step for the chunk instead of once per
-client. Other parametrised children run ``vmap(functional_call)`` on their own parameters. It
-applies to ``nn.Sequential`` models, to Linear layers with a bias whose history (longest client's
-steps x batch) is at most ``LOWRANK`` x min(in, out) (the correction terms grow with it; on the
-FEMNIST CNN's 3136x2048 layer, one CPU thread, it still paid at 0.5 and broke even near 1.0),
-and only to chunks without proximal or linear terms (those make the update full-rank) and without
-gradient clipping (``max_grad_norm``: it needs each step's full gradient norm); otherwise
-the chunk runs the stacked path above. Its automatic chunk size counts, per client, two copies of
-the weights (the result, W0 when not shared) and the history, instead of the stacked path's six.
+client. Proximal and linear terms (FeSEM's lambda and FedProx's mu towards an anchor a, per client;
+FedDANE's gradient correction c) keep it low-rank: with ``rho = 1 - lr mu``,
+``W_s = rho^s W0 + (1 - rho^s) a - lr e_s c - lr sum_{j<s} rho^(s-1-j) G_j^T A_j``
+(``e_s = 1 + rho + ... + rho^(s-1)``): the history rows are weighted by ``rho^(s-1-j)`` in the
+``(x A^T)`` intermediate, and each constant matrix (W0; a, only where it differs from the start:
+FedProx's and FeSEM's anchor is the start, so their W_s has no anchor term; c) is one more GEMM per
+group of clients sharing it (a per-client c, FedDANE's, costs one GEMM per client and step). Other
+parametrised children (and the biases) run ``vmap(functional_call)`` on their own parameters and
+take the same terms in the ordinary SGD step. It applies to ``nn.Sequential`` models, to Linear
+layers with a bias whose history (steps x batch) is at most ``LOWRANK`` x min(in, out) (the
+correction terms grow with it; on the FEMNIST CNN's 3136x2048 layer, one CPU thread, it still paid
+at 0.5 and broke even near 1.0), and not to gradient clipping (``max_grad_norm``: it needs each
+step's full gradient norm). Its automatic chunk size counts, per client, two copies of the weights
+(the result, W0 when not shared) and the history, instead of the stacked path's six.
 
-Not supported by ``batched``: models with floating-point buffers (BatchNorm running statistics:
-padded rows would also enter the batch statistics), and random layers (dropout): both raise a clear
-error; use ``executor: sequential`` for them. Tasks with their own loss (``Task.loss``: FedCG's
-distillation and domain terms) are trained one at a time by the sequential code path.
+Choice of path: a client that cannot take the low-rank path (its history is over the limit,
+clipping, a model without a lazy layer, ``lowrank=0``) trains on the faster of the others on the
+device (``fallback``): the sequential loop on a CPU (the stacked path is several times slower
+there), the stacked path on a GPU. Models with floating-point buffers (BatchNorm running statistics:
+padded rows would enter the batch statistics) or random layers (dropout) always train
+sequentially. The choice is logged once per run (logger ``mcfl``, INFO). Tasks with their own loss
+(``Task.loss``: FedCG's distillation and domain terms) are trained one at a time by the sequential
+code path.
 """
 
 from __future__ import annotations
@@ -95,6 +105,9 @@ class BatchedTrainer(LocalTrainer):
     """Trains chunks of ``chunk`` clients at once (see the module docstring). ``fallback``: how
     tasks that cannot take the low-rank path train, ``"sequential"`` or ``"stacked"`` (default: the
     faster one on the device: sequential on a CPU, stacked elsewhere)."""
+
+    #: ``run`` lists all its tasks before training (a server may build them eagerly at no extra cost)
+    keeps_tasks = True
 
     def __init__(self, model: FlatModel, data: DeviceData, spec: LocalSpec, seed: int,
                  chunk: int | None = None, lowrank: float = LOWRANK, fallback: str | None = None):
@@ -239,17 +252,13 @@ class BatchedTrainer(LocalTrainer):
             out.append(LocalResult(weights[i], mean_loss[i], int(self.data.n_train[t.client]), int(steps[i])))
         return out
 
-    def _terms(self, tasks: list[Task], dev) -> tuple[torch.Tensor, list, list, list]:
-        """The chunk's proximal and linear terms, per client: ``mu`` (C,), and the stacked
-        ``anchor`` and ``linear`` rows (``(anchor if mu else start)``, ``linear`` or 0) as lists of
-        (C, P) tensors, empty when no client has that term."""
-        P = self.model.n_params
-        mu = torch.tensor([float(t.mu) for t in tasks], device=dev)
-        anchor = [torch.stack([(t.anchor if t.mu else t.start)[:P] for t in tasks]).to(dev)] \
-            if any(t.mu for t in tasks) else []
-        linear = [torch.stack([t.linear if t.linear is not None else torch.zeros(P, device=dev)
-                               for t in tasks]).to(dev)] if any(t.linear is not None for t in tasks) else []
-        return mu, anchor, linear
+    @staticmethod
+    def _terms(tasks: list[Task]) -> tuple[list[float], list | None, list | None]:
+        """Each client's mu and, when some client has that term, each client's anchor (its start
+        where mu = 0) and linear term (None: 0)."""
+        anchor = [t.anchor if t.mu else t.start for t in tasks] if any(t.mu for t in tasks) else None
+        linear = [t.linear for t in tasks] if any(t.linear is not None for t in tasks) else None
+        return [float(t.mu) for t in tasks], anchor, linear
 
     def _train_chunk(self, tasks: list[Task], rnd: int, lowrank: bool = True) -> list[LocalResult]:
         """Train ``tasks`` (sorted by number of steps, longest first) together. At step s the
@@ -264,9 +273,10 @@ class BatchedTrainer(LocalTrainer):
             return self._train_chunk_lowrank(tasks, rnd, rows, mask, steps, active, lazy)
         spec, dev, P, B = self.spec, self.data.device, self.model.n_params, self.spec.batch_size
         self.model.module.train()
-        w = torch.stack([t.start[:P] for t in tasks]).to(dev)     # (C, P)
-        mu, anchor, linear = self._terms(tasks, dev)
-        mu = mu[:, None]
+        w = _stack([t.start for t in tasks], slice(0, P), dev)                 # (C, P)
+        mu, anchor, linear = self._terms(tasks)
+        mu = torch.tensor(mu, device=dev)[:, None]
+        anchor, linear = [[_stack(v, slice(0, P), dev)] if v else [] for v in (anchor, linear)]
         clip = None
         if spec.max_grad_norm is not None:                             # clip each client's g
             clip = lambda g: g[0].mul_(clip_coef(g[0].norm(dim=1, keepdim=True), spec.max_grad_norm))  # noqa: E731
@@ -307,11 +317,12 @@ class BatchedTrainer(LocalTrainer):
         self.model.module.train()
         starts = [t.start.to(dev) for t in tasks]
         lazy_w = {f"{i}.weight": i for i in lazy}
-        mu, anchor, linear = self._terms(tasks, dev)
-        stack = lambda vs: {n: torch.stack([v[sl[n]] for v in vs]).view(C, *s)  # noqa: E731
-                            for n, s in zip(self._names, self._shapes) if n not in lazy_w}
+        mu, anchor, linear = self._terms(tasks)
+        mu = torch.tensor(mu, device=dev)
+        stack = lambda vs: {n: _stack(vs, sl[n], dev).view(C, *s)  # noqa: E731
+                            for n, s in zip(self._names, self._shapes) if n not in lazy_w} if vs else {}
         stacked = stack(starts)                                                  # (C, *shape)
-        anchors, linears = stack(list(anchor[0])) if anchor else {}, stack(list(linear[0])) if linear else {}
+        anchors, linears = stack(anchor), stack(linear)
         mus = {n: mu.view(C, *[1] * len(s)) for n, s in zip(self._names, self._shapes)}
         # per-client factors of the constant terms at each step s = 0..S: rho^s and e_s
         S, rho = len(rows), 1 - lr * mu
@@ -365,6 +376,12 @@ class BatchedTrainer(LocalTrainer):
                                   w[sl[name]].view(hist[i].g.shape[2], hist[i].a.shape[2]))
                 weights.append(w)
         return self._results(tasks, rnd, weights, loss_sum, steps)
+
+
+def _stack(vs: list, sl: slice, dev) -> torch.Tensor:
+    """The ``sl`` parts of the vectors ``vs`` (None: zeros) stacked into a (len(vs), n) tensor."""
+    return torch.stack([v[sl].to(dev) if v is not None else torch.zeros(sl.stop - sl.start, device=dev)
+                        for v in vs])
 
 
 class _History:
