@@ -5,9 +5,9 @@ batched executor, and each method's ratio to FedAvg's.
 Every method gets the same training settings and hence the same clients each round (the LEAF CNN,
 ``--clients`` a round, 1 local epoch, batch 10, lr 0.05; the configs' per-method ``train``
 overrides, FeSEM's ``local_steps: 1`` and the GSP methods' ``clients_per_round: null``, are
-dropped), so the rows compare what each method's round costs. Both executors of a method are built
-side by side and their rounds interleaved (seq r, batched r, seq r+1, ...) so that load changes on a
-shared machine hit both alike; the first ``--warmup`` rounds are not timed; the figure is the
+dropped), so the rows compare what each method's round costs. Each method runs side by side with FedAvg, both
+under both executors, their rounds interleaved (round r of the four runs, then round r + 1), so that
+load changes on a shared machine hit the four alike and the ratios compare like with like; the first ``--warmup`` rounds are not timed; the figure is the
 median. Initialisation (FeSEM's k-means centres, ...) and evaluation are not timed.
 
     python benchmarks/methods_round.py --leaf ../shared/data/femnist-leaf-sample/leaf-torch
@@ -58,26 +58,29 @@ def methods() -> list[tuple[str, str, dict]]:
     return sorted(out.values(), key=lambda m: m[0] != "FedAvg")
 
 
-def time_method(method: str, params: dict, data, model: dict, train: dict, seed: int, rounds: int,
-                warmup: int) -> dict[str, float]:
-    """Median seconds per round of each executor, rounds interleaved."""
+def time_methods(todo: list[tuple[str, dict]], data, model: dict, train: dict, seed: int, rounds: int,
+                 warmup: int) -> list[dict[str, float]]:
+    """Median seconds per round of each (method, params) under each executor, all their rounds
+    interleaved (round r of every run before round r + 1 of any)."""
     from mcfl import algorithms
     from mcfl.federation import build_federation
 
-    cls = algorithms.get(method)
-    runs = {}
-    for ex in ("sequential", "batched"):
-        fed = build_federation(data, model, {**train, "executor": ex}, seed)
-        algo = cls(fed, cls.Params(**params))
-        runs[ex] = [algo, algo.init(), fed, []]
+    runs = []
+    for method, params in todo:
+        cls = algorithms.get(method)
+        runs.append({})
+        for ex in ("sequential", "batched"):
+            fed = build_federation(data, model, {**train, "executor": ex}, seed)
+            algo = cls(fed, cls.Params(**params))
+            runs[-1][ex] = [algo, algo.init(), fed, []]
     for r in range(1, warmup + rounds + 1):
-        for run in runs.values():
+        for run in (run for pair in runs for run in pair.values()):
             algo, state, fed, wall = run
             t = time.perf_counter()
             run[1], _ = algo.round(state, fed.clients(r), r)
             if r > warmup:
                 wall.append(time.perf_counter() - t)
-    return {ex: statistics.median(run[3]) for ex, run in runs.items()}
+    return [{ex: statistics.median(run[3]) for ex, run in pair.items()} for pair in runs]
 
 
 def main(argv=None) -> int:
@@ -112,10 +115,11 @@ def main(argv=None) -> int:
         print(f"| {'method':<14} | {'sequential s':>12} | {'batched s':>9} | {'seq / batched':>13} | "
               f"{'seq / FedAvg seq':>16} | {'batched / FedAvg batched':>24} |")
         print(f"|{'-' * 16}|{'-' * 14}|{'-' * 11}|{'-' * 15}|{'-' * 18}|{'-' * 26}|", flush=True)
-        base = None
-        for label, method, params in todo:
-            t = time_method(method, params, data, model, train, args.seed, args.rounds, args.warmup)
-            base = base or t
+        fedavg = todo[0][1:]
+        for label, method, params in todo:         # each with FedAvg, interleaved: the ratios
+            pair = [fedavg] if method == "FedAvg" else [fedavg, (method, params)]    # see the same load
+            times = time_methods(pair, data, model, train, args.seed, args.rounds, args.warmup)
+            base, t = times[0], times[-1]
             print(f"| {label:<14} | {t['sequential']:12.2f} | {t['batched']:9.2f} | "
                   f"{t['sequential'] / t['batched']:12.2f}x | {t['sequential'] / base['sequential']:15.2f}x | "
                   f"{t['batched'] / base['batched']:23.2f}x |", flush=True)

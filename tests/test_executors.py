@@ -185,7 +185,7 @@ def test_feddane_round_with_batched_executor_matches_sequential(digits_store):
                                seed=2)
         calls = []
         grad = fed.trainer.gradient
-        fed.trainer.gradient = lambda *a, **k: calls.append(1) or grad(*a, **k)
+        fed.trainer.gradient = lambda *a, calls=calls, grad=grad, **k: calls.append(1) or grad(*a, **k)
         clients = fed.clients(1)[:5]
         out[ex] = (FedDANE(fed, Params(mu=0.2)).round(FedAvg(fed, None).init(), clients, 1)[0].w, len(calls))
     assert out["sequential"][1] == 10 and out["batched"][1] == 5
