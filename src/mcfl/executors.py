@@ -450,12 +450,17 @@ class _History:
 
     def final(self, c: int, steps: int, B: int, rho, out: torch.Tensor) -> None:
         """Client c's weight after ``steps`` steps, written into ``out`` (out, in)."""
-        out.zero_()
+        first = True
         for (groups, coef) in self.terms:
-            f = None if coef(steps) is None else coef(steps)[c]
+            f = coef(steps)
+            f = 1.0 if f is None else f[c]
             for m, cs, _ in groups:
                 if c in cs:
-                    out.add_(m if f is None else m * f)
+                    if first:                                  # one pass over ``out`` per term
+                        torch.mul(m, f, out=out)
+                    else:
+                        out.addcmul_(m, f if torch.is_tensor(f) else torch.tensor(f))
+                    first = False
         L = steps * B
         g = self.g[c, :L]
         if rho is not None and steps:
