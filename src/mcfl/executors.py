@@ -331,13 +331,14 @@ class BatchedTrainer(LocalTrainer):
             pw[s + 1], e[s + 1] = pw[s] * rho, e[s] * rho + 1
         far = [bool(t.mu) and t.anchor.data_ptr() != t.start.data_ptr() and not torch.equal(t.anchor[:P], t.start[:P])
                for t in tasks]
+        w0_coef = torch.where(torch.tensor(far, device=dev), pw, 1.0) if any(far) else None   # (S+1, C)
         hist = {}
         for name, i in lazy_w.items():
             lin = self._children[i]
             view = lambda v, name=name, lin=lin: v[sl[name]].view(lin.out_features, lin.in_features)  # noqa: E731
             hist[i] = h = _History(C, S * B, lin.in_features, lin.out_features, lr, dev)
             h.add_term([view(w) for w in starts], [t.start.data_ptr() for t in tasks],
-                       lambda s: torch.where(torch.tensor(far, device=dev), pw[s], 1.0) if any(far) else None)
+                       lambda s: None if w0_coef is None else w0_coef[s])
             if any(far):                                               # anchor != start
                 h.add_term([view(t.anchor) if f else None for t, f in zip(tasks, far)],
                            [t.anchor.data_ptr() if f else 0 for t, f in zip(tasks, far)], lambda s: 1 - pw[s])
