@@ -61,9 +61,9 @@ def _max_diff(a, b):
 
 @pytest.mark.parametrize("kind", ["plain", "mixed"])
 def test_batched_executor_on_cuda_equals_sequential_and_the_cpu(digits_store, kind):
-    """Plain tasks take the low-rank path for the dense layers (forced here: ``lowrank`` high);
-    mixed ones (proximal, linear terms) the stacked one. One local epoch of every client on the
-    GPU with both executors, and on the CPU with the sequential one."""
+    """Plain and mixed tasks (proximal, linear terms) take the low-rank path for the dense layers
+    (forced here: ``lowrank`` high); with ``lowrank=0`` the stacked one. One local epoch of every
+    client on the GPU with both executors, and on the CPU with the sequential one."""
     cfg = {"lr": 0.1, "rounds": 1, "local_epochs": 1, "batch_size": 5}
     feds = {d: build_federation(load(digits_store), {"name": "digits_cnn"}, cfg, seed=3, device=d)
             for d in ("cpu", "cuda")}
@@ -81,8 +81,10 @@ def test_batched_executor_on_cuda_equals_sequential_and_the_cpu(digits_store, ki
     gpu = feds["cuda"]
     seq = _weights(gpu.trainer, tasks(gpu))
     bat = BatchedTrainer(gpu.model, gpu.dev, gpu.trainer.spec, gpu.seed, chunk=5, lowrank=1e9)
-    assert bool(bat._lazy_layers(tasks(gpu), 10**6)) == (kind == "plain")
+    assert bat._lazy_layers(tasks(gpu), 10**6) and bat.fallback == "stacked"
     assert _max_diff(seq, _weights(bat, tasks(gpu))) < 1e-5
+    stacked = BatchedTrainer(gpu.model, gpu.dev, gpu.trainer.spec, gpu.seed, chunk=5, lowrank=0)
+    assert _max_diff(seq, _weights(stacked, tasks(gpu))) < 1e-5
     assert _max_diff(seq, _weights(feds["cpu"].trainer, tasks(feds["cpu"]))) < 1e-4
 
 

@@ -1,6 +1,6 @@
 """The batched executor gives the sequential executor's weights (up to float rounding) with
-proximal and linear terms, uneven and tiny clients, epochs and steps, several chunks; it refuses
-BatchNorm models; the run's ``train.executor`` selects it; a whole FeSEM run matches."""
+proximal and linear terms, uneven and tiny clients, epochs and steps, several chunks; it trains
+BatchNorm models sequentially; the run's ``train.executor`` selects it; a whole FeSEM run matches."""
 
 import numpy as np
 import pytest
@@ -70,7 +70,7 @@ def test_batched_clips_each_clients_gradient_like_sequential(digits_store):
     assert fed.trainer.spec.max_grad_norm == 0.05
     tasks = [Task(int(c), fed.w0) for c in range(fed.n_clients)]
     seq = _results(fed.trainer, tasks)
-    bat = BatchedTrainer(fed.model, fed.dev, fed.trainer.spec, fed.seed, chunk=5)
+    bat = BatchedTrainer(fed.model, fed.dev, fed.trainer.spec, fed.seed, chunk=5, fallback="stacked")
     assert bat._lazy and not bat._lazy_layers(tasks, 10)           # low-rank path off when clipping
     _assert_same(seq, _results(bat, tasks))
     free = build_federation(load(digits_store), {"name": "digits_cnn"}, {**cfg, "max_grad_norm": None},
@@ -106,13 +106,20 @@ def test_batched_equals_sequential_with_short_clients(tmp_path, spec):
     assert bat[0][2] == (3 if spec.steps is None else 4)            # one sample: batches of 1
 
 
-def test_batched_executor_refuses_batchnorm_and_reports_divergence(digits_store):
+def test_batched_executor_trains_batchnorm_sequentially_and_reports_divergence(digits_store, caplog):
     data = load(digits_store)
     dev = DeviceData(data)
+    torch.manual_seed(0)
     bn = FlatModel(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(),
                                  nn.Linear(4 * 6 * 6, 10)))
-    with pytest.raises(ValueError, match="BatchNorm.*executor: sequential"):
-        BatchedTrainer(bn, dev, LocalSpec(lr=0.1), seed=0)
+    spec = LocalSpec(lr=0.1, batch_size=5)
+    tasks = [Task(c, bn.get()) for c in range(3)]
+    seq = _results(LocalTrainer(bn, dev, spec, seed=0), tasks)
+    bat = BatchedTrainer(bn, dev, spec, seed=0, fallback="stacked")
+    assert bat.fallback == "sequential"                              # stacking cannot take BatchNorm
+    with caplog.at_level("INFO", logger="mcfl"):
+        _assert_same(seq, _results(bat, tasks), atol=0)
+    assert any("BatchNorm" in r.getMessage() for r in caplog.records)
     fed = build_federation(data, {"name": "digits_cnn"}, {"lr": 1e6, "batch_size": 5, "local_epochs": 1,
                                                           "rounds": 1, "executor": "batched"}, seed=0)
     with pytest.raises(DivergenceError, match=r"round 4, client \d+"):
@@ -163,3 +170,23 @@ def test_every_method_runs_with_the_batched_executor(method, digits_store, tmp_p
         final[ex] = train(run, digits_store, tmp_path / ex, progress=False)["final"]
     for key in ("micro_acc", "macro_acc"):
         assert final["batched"][key] == pytest.approx(final["sequential"][key], abs=0.02), key
+
+
+def test_feddane_round_with_batched_executor_matches_sequential(digits_store):
+    """FedDANE keeps its step-1 gradients under ``batched`` (which holds the tasks anyway) and
+    recomputes them under ``sequential``: the same round either way, up to float rounding."""
+    from mcfl.algorithms.fedavg import FedAvg
+    from mcfl.algorithms.feddane import FedDANE, Params
+
+    out = {}
+    for ex in ("sequential", "batched"):
+        fed = build_federation(load(digits_store), {"name": "digits_cnn"},
+                               {"lr": 0.05, "batch_size": 5, "local_epochs": 1, "rounds": 1, "executor": ex},
+                               seed=2)
+        calls = []
+        grad = fed.trainer.gradient
+        fed.trainer.gradient = lambda *a, calls=calls, grad=grad, **k: calls.append(1) or grad(*a, **k)
+        clients = fed.clients(1)[:5]
+        out[ex] = (FedDANE(fed, Params(mu=0.2)).round(FedAvg(fed, None).init(), clients, 1)[0].w, len(calls))
+    assert out["sequential"][1] == 10 and out["batched"][1] == 5
+    assert torch.allclose(out["sequential"][0], out["batched"][0], atol=1e-5, rtol=0)

@@ -1,7 +1,8 @@
 """Low-rank (lazy) dense layers of the batched executor: the identity W_s = W0 - lr sum_j G_j^T A_j
 on a hand-checkable case; the same weights as the stacked batched path and the sequential executor
 with uneven clients (padding), several epochs, shared and per-client starts; the rule that picks
-lazy layers; the fallback for proximal/linear terms; divergence still reported."""
+lazy layers; proximal (FeSEM, FedProx) and linear (FedDANE) terms on the low-rank path; the
+automatic, logged choice of path for what it cannot take; divergence still reported."""
 
 import numpy as np
 import pytest
@@ -31,17 +32,19 @@ def _cnn():
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Records the lazy layers of every low-rank chunk and the shape of W0 each lazy layer got."""
-    calls = {"lazy": [], "w0_dims": set()}
+    """Records the lazy layers of every low-rank chunk and how many distinct W0 (start groups)
+    and constant terms (W0, anchor, linear) each lazy layer got."""
+    calls = {"lazy": [], "w0_groups": set(), "terms": set()}
     chunk, forward = BatchedTrainer._train_chunk_lowrank, LowRankLinear.forward
 
     def spy_chunk(self, tasks, rnd, rows, mask, steps, active, lazy):
         calls["lazy"].append(list(lazy))
         return chunk(self, tasks, rnd, rows, mask, steps, active, lazy)
 
-    def spy_forward(ctx, x, w0, b, hist, s):
-        calls["w0_dims"].add(w0.dim())
-        return forward(ctx, x, w0, b, hist, s)
+    def spy_forward(ctx, x, b, hist, s):
+        calls["w0_groups"].add(len(hist.terms[0][0]))
+        calls["terms"].add(len(hist.terms))
+        return forward(ctx, x, b, hist, s)
 
     monkeypatch.setattr(BatchedTrainer, "_train_chunk_lowrank", spy_chunk)
     monkeypatch.setattr(LowRankLinear, "forward", staticmethod(spy_forward))
@@ -100,15 +103,14 @@ def test_lazy_path_equals_stacked_and_sequential(tmp_path, spy, spec):
     stacked = _results(BatchedTrainer(fm, dev, spec, seed=1, chunk=4, lowrank=0), tasks)
     assert spy["lazy"] == []                                           # lowrank=0: never lazy
     lazy = _results(BatchedTrainer(fm, dev, spec, seed=1, chunk=5, lowrank=10), tasks)
-    assert spy["lazy"] == [[4, 6], [4, 6]] and spy["w0_dims"] == {2, 3}
+    assert spy["lazy"] == [[4, 6], [4, 6]] and spy["w0_groups"] == {2, 1}
     _assert_same(lazy, seq)
     _assert_same(stacked, seq)
     _assert_same(lazy, stacked)
 
 
-def test_lazy_rule_and_fallback(tmp_path, spy):
-    """A Linear layer is lazy iff history <= lowrank * min(in, out); a proximal or linear term in
-    the chunk turns the low-rank path off (same results as sequential)."""
+def test_lazy_rule(tmp_path, spy):
+    """A Linear layer is lazy iff history <= lowrank * min(in, out)."""
     data = _store(tmp_path, [3, 7, 12, 5], (1, 8, 8))
     fm, dev = _cnn(), DeviceData(data)
     spec = LocalSpec(lr=0.2, batch_size=4, epochs=2)
@@ -117,12 +119,110 @@ def test_lazy_rule_and_fallback(tmp_path, spy):
     assert tr._lazy_layers(plain, 16) == [4] and tr._lazy_layers(plain, 17) == []   # min(64, 32) = 32
     assert BatchedTrainer(fm, dev, spec, seed=1, lowrank=1)._lazy_layers(plain, 3) == [4, 6]
     w0 = fm.get()
-    for extra in (dict(anchor=w0 + 0.1, mu=0.3), dict(linear=0.01 * torch.ones(fm.n_params))):
-        tasks = [Task(c, w0, **(extra if c == 2 else {})) for c in range(4)]
-        lazy = BatchedTrainer(fm, dev, spec, seed=1, chunk=4, lowrank=10)
-        assert lazy._lazy_layers(tasks, 1) == []
-        _assert_same(_results(lazy, tasks), _results(LocalTrainer(fm, dev, spec, seed=1), tasks))
-    assert spy["lazy"] == []
+    prox = [Task(c, w0, anchor=w0 + 0.1, mu=0.3, linear=0.01 * torch.ones(fm.n_params)) for c in range(4)]
+    assert tr._lazy_layers(prox, 16) == [4]                             # terms do not turn it off
+
+
+def _two_layer(tmp_path, sizes=(5, 9, 2, 7, 4)):
+    data = _store(tmp_path, list(sizes), (2, 3))
+    torch.manual_seed(3)
+    fm = FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)))
+    return fm, DeviceData(data)
+
+
+def _kinds(fm):
+    """Task options: plain; proximal with the anchor the start (FedProx, FeSEM); proximal towards
+    another anchor; per-client mu; a linear term (FedDANE); both terms; and a mixed chunk."""
+    w0 = fm.get()
+    anchor = w0 + 0.2 * torch.linspace(-1, 1, len(w0))
+    lin = [0.05 * torch.linspace(1, -1, fm.n_params) * (c + 1) for c in range(5)]
+    return {
+        "plain": lambda c: dict(),
+        "prox-anchor-is-start": lambda c: dict(anchor=w0, mu=0.4),
+        "prox-other-anchor": lambda c: dict(anchor=anchor, mu=0.4),
+        "per-client-mu": lambda c: dict(anchor=anchor if c % 2 else w0, mu=0.15 * c),
+        "linear": lambda c: dict(linear=lin[c]),
+        "prox-and-linear": lambda c: dict(anchor=anchor, mu=0.3, linear=lin[c]),
+        "mixed": lambda c: [dict(), dict(anchor=w0, mu=0.5), dict(anchor=anchor, mu=0.2),
+                            dict(linear=lin[c]), dict(anchor=anchor, mu=0.7, linear=lin[0])][c],
+    }
+
+
+@pytest.mark.parametrize("kind", ["plain", "prox-anchor-is-start", "prox-other-anchor", "per-client-mu",
+                                  "linear", "prox-and-linear", "mixed"])
+@pytest.mark.parametrize("spec", [LocalSpec(lr=0.3, batch_size=2, epochs=2),
+                                  LocalSpec(lr=0.3, batch_size=3, steps=4)])
+def test_lazy_path_with_proximal_and_linear_terms_equals_sequential(tmp_path, spy, kind, spec):
+    """Both Linear layers lazy, a few steps of uneven clients: the low-rank path with proximal
+    (anchor equal to and different from the start, per-client mu) and linear terms gives the
+    sequential executor's weights; the proximal term really moves them."""
+    fm, dev = _two_layer(tmp_path)
+    w0 = fm.get()
+    tasks = [Task(c, w0, **_kinds(fm)[kind](c)) for c in range(5)]
+    seq = _results(LocalTrainer(fm, dev, spec, seed=2), tasks)
+    lazy = _results(BatchedTrainer(fm, dev, spec, seed=2, chunk=5, lowrank=10), tasks)
+    assert spy["lazy"] == [[1, 3]]
+    _assert_same(lazy, seq)
+    if kind != "plain":
+        plain = _results(LocalTrainer(fm, dev, spec, seed=2), [Task(c, w0) for c in range(5)])
+        assert max(float((plain[c][0] - seq[c][0]).abs().max()) for c in seq) > 1e-3
+
+
+def test_lazy_terms_with_per_client_starts_and_several_chunks(tmp_path, spy):
+    """FeSEM's case: clients start from and are pulled towards one of K centres; chunks of 2 mix
+    centres; FedDANE's per-client linear terms on top."""
+    fm, dev = _two_layer(tmp_path, (5, 9, 2, 7, 4, 6, 3))
+    w0 = fm.get()
+    centres = [w0 + 0.1 * k * torch.linspace(-1, 1, len(w0)) for k in range(3)]
+    tasks = [Task(c, centres[c % 3], centres[c % 3], mu=0.3,
+                  linear=0.02 * c * torch.ones(fm.n_params) if c % 2 else None) for c in range(7)]
+    spec = LocalSpec(lr=0.25, batch_size=2, epochs=2)
+    seq = _results(LocalTrainer(fm, dev, spec, seed=4), tasks)
+    lazy = _results(BatchedTrainer(fm, dev, spec, seed=4, chunk=2, lowrank=10), tasks)
+    assert len(spy["lazy"]) == 4 and spy["w0_groups"] >= {1} and spy["terms"] == {1, 2}
+    _assert_same(lazy, seq)
+
+
+def test_path_choice_is_automatic_and_logged_once(tmp_path, spy, caplog):
+    """A client whose history is over the low-rank limit, or clipping, or a BatchNorm/dropout
+    model: those clients train on the fallback path (sequential on a CPU; ``fallback="stacked"``
+    forces the stacked one), the others stay low-rank; the choice is logged once per trainer."""
+    fm, dev = _two_layer(tmp_path, (2, 2, 20, 3))
+    spec = LocalSpec(lr=0.3, batch_size=2, epochs=1)
+    tasks = [Task(c, fm.get(), fm.get(), mu=0.2) for c in range(4)]
+    seq = _results(LocalTrainer(fm, dev, spec, seed=0), tasks)
+    tr = BatchedTrainer(fm, dev, spec, seed=0, lowrank=1)              # limit: 1 x min(6, 5) = 5 rows
+    assert tr.fallback == "sequential"
+    stacked = []
+    orig = BatchedTrainer._train_chunk
+    BatchedTrainer._train_chunk = lambda self, t, r, lowrank=True: stacked.append(lowrank) or orig(self, t, r, lowrank)
+    try:
+        with caplog.at_level("INFO", logger="mcfl"):
+            for rnd in (3, 3):
+                _assert_same(_results(tr, tasks), seq)
+        assert stacked == [True, True] and spy["lazy"] == [[1], [1]]   # client 2: sequential
+        msgs = [r.getMessage() for r in caplog.records if "low-rank path" in r.getMessage()]
+        assert len(msgs) == 1 and "history" in msgs[0] and "sequential" in msgs[0] and "1 of 4" in msgs[0]
+        stacked.clear()
+        st = BatchedTrainer(fm, dev, spec, seed=0, lowrank=1, fallback="stacked")
+        _assert_same(_results(st, tasks), seq)
+        assert sorted(stacked) == [False, True]
+        clipped = LocalSpec(lr=0.3, batch_size=2, epochs=1, max_grad_norm=0.1)
+        stacked.clear()
+        caplog.clear()
+        with caplog.at_level("INFO", logger="mcfl"):
+            _assert_same(_results(BatchedTrainer(fm, dev, clipped, seed=0, lowrank=10), tasks),
+                         _results(LocalTrainer(fm, dev, clipped, seed=0), tasks))
+        assert stacked == [] and any("clipping" in r.getMessage() for r in caplog.records)
+    finally:
+        BatchedTrainer._train_chunk = orig
+    torch.manual_seed(0)
+    drop = FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(6, 5), nn.Dropout(0.5), nn.Linear(5, 3)))
+    dt = BatchedTrainer(drop, dev, spec, seed=0, fallback="stacked")
+    assert dt.fallback == "sequential" and dt._lazy == []
+    with caplog.at_level("INFO", logger="mcfl"):
+        list(dt.run([Task(c, drop.get()) for c in range(4)], 1))
+    assert any("dropout" in r.getMessage() for r in caplog.records)
 
 
 def test_lazy_path_reports_divergence(tmp_path, spy):

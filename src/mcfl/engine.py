@@ -146,6 +146,26 @@ def clip_(g: list[torch.Tensor], max_norm: float) -> None:
     torch._foreach_mul_(g, clip_coef(torch.nn.utils.get_total_norm(g), max_norm))
 
 
+def sgd_step_(w: list[torch.Tensor], g: list[torch.Tensor], lr: float, mu=0.0,
+              anchor: list[torch.Tensor] | None = None, linear: list[torch.Tensor] | None = None,
+              clip: Callable[[list[torch.Tensor]], None] | None = None) -> None:
+    """One local SGD step in place, on lists of tensors (one client's parameters, or the stacked
+    parameters of several clients): ``g += mu (w - anchor)``; ``g += linear``; ``clip(g)`` (rescales
+    in place); ``w -= lr g``. ``mu``: a float, or one tensor per ``w`` broadcasting against it (the
+    stacked clients' own mu)."""
+    with torch.no_grad():
+        if anchor is not None:
+            if isinstance(mu, (list, tuple)):
+                torch._foreach_add_(g, torch._foreach_mul(torch._foreach_sub(w, anchor), mu))
+            else:
+                torch._foreach_add_(g, torch._foreach_sub(w, anchor), alpha=mu)
+        if linear is not None:
+            torch._foreach_add_(g, linear)
+        if clip is not None:
+            clip(g)
+        torch._foreach_add_(w, g, alpha=-lr)
+
+
 @dataclass(frozen=True)
 class LocalSpec:
     """Hyperparameters of local SGD. Exactly one of ``epochs``/``steps`` is used (steps wins).
@@ -238,20 +258,14 @@ class LocalTrainer:
         w = list(m.module.parameters())
         anchor = m.param_views(task.anchor) if task.mu else None
         linear = m.param_views(task.linear) if task.linear is not None else None
+        clip = None if spec.max_grad_norm is None else (lambda g: clip_(g, spec.max_grad_norm))
         loss_sum = torch.zeros((), device=m.device)
         steps = 0
         for rows in self.batches(task.client, rnd, purpose, spec):
             x, y = self.data.inputs(rows), self.data.y["train"][rows]
             loss = task.loss(m.module, x, y, rows) if task.loss else F.cross_entropy(m.module(x), y)
             g = self._local_grad(loss, w, custom=task.loss is not None)
-            with torch.no_grad():
-                if task.mu:                                       # g += mu (w - anchor)
-                    torch._foreach_add_(g, torch._foreach_sub(w, anchor), alpha=task.mu)
-                if linear is not None:                            # g += linear
-                    torch._foreach_add_(g, linear)
-                if spec.max_grad_norm is not None:
-                    clip_(g, spec.max_grad_norm)
-                torch._foreach_add_(w, g, alpha=-spec.lr)         # w -= lr g
+            sgd_step_(w, g, spec.lr, task.mu, anchor, linear, clip)
             loss_sum += loss.detach()
             steps += 1
         out = m.get()

@@ -28,23 +28,35 @@ history A, G growing by B rows per step (:class:`LowRankLinear`); no weight grad
 update pass; at the end ``W = W0 - lr G^T A``, one GEMM per client. When the chunk's clients start
 from the same W0 (FedAvg and the like: they are grouped by start), ``x W0^T`` and ``g W0`` are one GEMM
 over all the chunk's rows, reading the weight once per step for the chunk instead of once per
-client. Other parametrised children run ``vmap(functional_call)`` on their own parameters. It
-applies to ``nn.Sequential`` models, to Linear layers with a bias whose history (longest client's
-steps x batch) is at most ``LOWRANK`` x min(in, out) (the correction terms grow with it; on the
-FEMNIST CNN's 3136x2048 layer, one CPU thread, it still paid at 0.5 and broke even near 1.0),
-and only to chunks without proximal or linear terms (those make the update full-rank) and without
-gradient clipping (``max_grad_norm``: it needs each step's full gradient norm); otherwise
-the chunk runs the stacked path above. Its automatic chunk size counts, per client, two copies of
-the weights (the result, W0 when not shared) and the history, instead of the stacked path's six.
+client. Proximal and linear terms (FeSEM's lambda and FedProx's mu towards an anchor a, per client;
+FedDANE's gradient correction c) keep it low-rank: with ``rho = 1 - lr mu``,
+``W_s = rho^s W0 + (1 - rho^s) a - lr e_s c - lr sum_{j<s} rho^(s-1-j) G_j^T A_j``
+(``e_s = 1 + rho + ... + rho^(s-1)``): the history rows are weighted by ``rho^(s-1-j)`` in the
+``(x A^T)`` intermediate, and each constant matrix (W0; a, only where it differs from the start:
+FedProx's and FeSEM's anchor is the start, so their W_s has no anchor term; c) is one more GEMM per
+group of clients sharing it (a per-client c, FedDANE's, costs one GEMM per client and step). Other
+parametrised children (and the biases) run ``vmap(functional_call)`` on their own parameters and
+take the same terms in the ordinary SGD step. It applies to ``nn.Sequential`` models, to Linear
+layers with a bias whose history (steps x batch) is at most ``LOWRANK`` x min(in, out) (the
+correction terms grow with it; on the FEMNIST CNN's 3136x2048 layer, one CPU thread, it still paid
+at 0.5 and broke even near 1.0), and not to gradient clipping (``max_grad_norm``: it needs each
+step's full gradient norm). Its automatic chunk size counts, per client, two copies of the weights
+(the result, W0 when not shared) and the history, instead of the stacked path's six.
 
-Not supported by ``batched``: models with floating-point buffers (BatchNorm running statistics:
-padded rows would also enter the batch statistics), and random layers (dropout): both raise a clear
-error; use ``executor: sequential`` for them. Tasks with their own loss (``Task.loss``: FedCG's
-distillation and domain terms) are trained one at a time by the sequential code path.
+Choice of path: a client that cannot take the low-rank path (its history is over the limit,
+clipping, a model without a lazy layer, ``lowrank=0``) trains on the faster of the others on the
+device (``fallback``): the sequential loop on a CPU (the stacked path is several times slower
+there), the stacked path on a GPU. Models with floating-point buffers (BatchNorm running statistics:
+padded rows would enter the batch statistics) or random layers (dropout) always train
+sequentially. The choice is logged once per run (logger ``mcfl``, INFO). Tasks with their own loss
+(``Task.loss``: FedCG's distillation and domain terms) are trained one at a time by the sequential
+code path.
 """
 
 from __future__ import annotations
 
+import bisect
+import logging
 import math
 from typing import Iterable, Iterator
 
@@ -54,7 +66,9 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from mcfl.engine import (DeviceData, DivergenceError, FlatModel, LocalResult, LocalSpec,
-                         LocalTrainer, Task, clip_coef, n_steps)
+                         LocalTrainer, Task, clip_coef, n_steps, sgd_step_)
+
+log = logging.getLogger("mcfl")
 
 EXECUTORS = ("sequential", "batched")
 #: Device memory the automatic chunk size aims at for the stacked per-client state (CPU: fixed;
@@ -88,20 +102,30 @@ def auto_chunk(model: FlatModel, per_client: int | None = None) -> int:
 
 
 class BatchedTrainer(LocalTrainer):
-    """Trains chunks of ``chunk`` clients at once (see the module docstring)."""
+    """Trains chunks of ``chunk`` clients at once (see the module docstring). ``fallback``: how
+    tasks that cannot take the low-rank path train, ``"sequential"`` or ``"stacked"`` (default: the
+    faster one on the device: sequential on a CPU, stacked elsewhere)."""
+
+    #: ``run`` lists all its tasks before training (a server may build them eagerly at no extra cost)
+    keeps_tasks = True
 
     def __init__(self, model: FlatModel, data: DeviceData, spec: LocalSpec, seed: int,
-                 chunk: int | None = None, lowrank: float = LOWRANK):
+                 chunk: int | None = None, lowrank: float = LOWRANK, fallback: str | None = None):
         super().__init__(model, data, spec, seed)
-        buffers = [n for n, b in model.module.named_buffers() if b.is_floating_point()]
-        if buffers:
-            raise ValueError(f"executor 'batched' does not support models with floating-point buffers "
-                             f"(here {', '.join(buffers[:3])}{', ...' if len(buffers) > 3 else ''}: "
-                             f"BatchNorm statistics); use executor: sequential")
         if chunk is not None and int(chunk) < 1:
             raise ValueError(f"executor chunk must be >= 1, got {chunk}")
+        if fallback not in (None, "sequential", "stacked"):
+            raise ValueError(f"fallback must be 'sequential' or 'stacked', got {fallback!r}")
         self.auto = not chunk
         self.chunk = int(chunk) if chunk else auto_chunk(model)
+        buffers = [n for n, b in model.module.named_buffers() if b.is_floating_point()]
+        random = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.module.modules())
+        # BatchNorm statistics (padded rows would enter them) and dropout (per-client random
+        # masks): neither batched path supports them, so such a model trains sequentially
+        self._unsupported = ("BatchNorm statistics" if buffers else "dropout") if buffers or random else None
+        self.fallback = ("sequential" if self._unsupported else
+                         fallback or ("sequential" if model.device.type == "cpu" else "stacked"))
+        self._said: set[str] = set()
         params = list(model.module.named_parameters())
         self._names = [n for n, _ in params]
         self._shapes = [p.shape for _, p in params]
@@ -114,9 +138,7 @@ class BatchedTrainer(LocalTrainer):
         self._children = list(model.module) if seq else []
         self._local = [[n for n, _ in c.named_parameters()] for c in self._children]
         self._vmapped = [vmap(lambda p, x, c=c: functional_call(c, p, (x,))) for c in self._children]
-        random = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.module.modules())
-        self._lazy = self._flat_linears(data) if lowrank > 0 and not random else []   # (dropout: the
-        # stacked path refuses it)
+        self._lazy = self._flat_linears(data) if lowrank > 0 and not self._unsupported else []
 
     def _flat_linears(self, data: DeviceData) -> list[int]:
         """The children that are ``nn.Linear`` with a bias and get one feature vector per sample
@@ -141,27 +163,61 @@ class BatchedTrainer(LocalTrainer):
         (g,) = torch.autograd.grad(loss.sum(), w)
         return g, loss.detach()
 
+    def _why_slow(self) -> str:
+        """Why a task cannot take the low-rank path, given that its history is not the reason."""
+        if self._unsupported:
+            return f"the model has {self._unsupported}"
+        if self.spec.max_grad_norm is not None:
+            return "gradient clipping (max_grad_norm) needs each step's full gradient"
+        if not self._lazy:
+            return ("lowrank=0" if self.lowrank <= 0 else
+                    "the model has no nn.Linear layer with a bias on flat features in an nn.Sequential")
+        return f"history (steps x batch) above {self.lowrank:g} x min(in, out) of every dense layer"
+
+    def _say(self, message: str) -> None:
+        """Log ``message`` once per trainer (that is, once per run)."""
+        if message not in self._said:
+            self._said.add(message)
+            log.info(message)
+
     def run(self, tasks: Iterable[Task], rnd: int) -> Iterator[tuple[Task, LocalResult]]:
         tasks = list(tasks)
         if any(t.loss is not None for t in tasks):      # a custom loss: the sequential code path
             yield from super().run(tasks, rnd)
             return
+        B = self.spec.batch_size
         steps = [n_steps(int(self.data.n_train[t.client]), self.spec) for t in tasks]
+        fast = [bool(self._lazy_layers([t], s * B)) for t, s in zip(tasks, steps)]
+        slow = [t for t, f in zip(tasks, fast) if not f]
+        if slow:
+            self._say(f"batched executor: clients whose local update cannot take the low-rank path "
+                      f"({self._why_slow()}; here {len(slow)} of {len(tasks)} in round {rnd}) train "
+                      f"on the {self.fallback} path, the faster one on {self.model.device.type}")
+            if self.fallback == "sequential":
+                yield from super().run(slow, rnd)
+            else:
+                yield from self._run_chunks(slow, [s for s, f in zip(steps, fast) if not f], rnd, False)
+        yield from self._run_chunks([t for t, f in zip(tasks, fast) if f],
+                                    [s for s, f in zip(steps, fast) if f], rnd, True)
+
+    def _run_chunks(self, tasks: list[Task], steps: list[int], rnd: int, lowrank: bool):
+        """Sort ``tasks`` by number of steps (longest first; on the low-rank path clients with the
+        same start and anchor next to each other, so that chunks share them), cut them into
+        chunks and train each."""
         key, size = [-s for s in steps], self.chunk
-        history = max(steps, default=0) * self.spec.batch_size
-        lazy = self._lazy_layers(tasks, history)          # then every chunk has these lazy layers
-        if lazy:
-            # clients with the same start next to each other, so that chunks share W0
-            group: dict[int, int] = {}
-            key = [(group.setdefault(t.start.data_ptr(), len(group)), k) for t, k in zip(tasks, key)]
+        if lowrank and tasks:
+            group: dict[tuple, int] = {}
+            key = [(group.setdefault((t.start.data_ptr(), t.anchor.data_ptr() if t.mu else 0), len(group)), k)
+                   for t, k in zip(tasks, key)]
             if self.auto:     # per client: its result, its W0 if not shared, the lazy layers' history
+                history = max(steps) * self.spec.batch_size
                 hist = history * sum(self._children[i].in_features + self._children[i].out_features
-                                     for i in lazy)
+                                     for i in self._lazy_layers(tasks, history) or self._lazy)
                 size = auto_chunk(self.model, 4 * (2 * self.model.size + hist))
         order = sorted(range(len(tasks)), key=lambda i: key[i])        # stable: ties keep task order
         for a in range(0, len(order), size):
             chunk = [tasks[i] for i in sorted(order[a:a + size], key=lambda i: -steps[i])]
-            yield from zip(chunk, self._train_chunk(chunk, rnd))
+            yield from zip(chunk, self._train_chunk(chunk, rnd, lowrank))
 
     def _chunk_batches(self, tasks: list[Task], rnd: int):
         """The chunk's batch plans as ``rows`` (steps, C, B) (padded rows: row 0, masked), ``mask``,
@@ -196,39 +252,42 @@ class BatchedTrainer(LocalTrainer):
             out.append(LocalResult(weights[i], mean_loss[i], int(self.data.n_train[t.client]), int(steps[i])))
         return out
 
-    def _train_chunk(self, tasks: list[Task], rnd: int) -> list[LocalResult]:
+    @staticmethod
+    def _terms(tasks: list[Task]) -> tuple[list[float], list | None, list | None]:
+        """Each client's mu and, when some client has that term, each client's anchor (its start
+        where mu = 0) and linear term (None: 0)."""
+        anchor = [t.anchor if t.mu else t.start for t in tasks] if any(t.mu for t in tasks) else None
+        linear = [t.linear for t in tasks] if any(t.linear is not None for t in tasks) else None
+        return [float(t.mu) for t in tasks], anchor, linear
+
+    def _train_chunk(self, tasks: list[Task], rnd: int, lowrank: bool = True) -> list[LocalResult]:
         """Train ``tasks`` (sorted by number of steps, longest first) together. At step s the
         clients still training are a prefix ``[:n_s]`` of the chunk, so each step works on views
         ``w[:n_s]`` (no work for finished clients); rows past the end of a short last batch are
         padding, masked out of the loss. Low-rank path when it applies (see :meth:`_lazy_layers`)."""
+        if self._unsupported:
+            raise ValueError(f"the batched executor cannot stack a model with {self._unsupported}")
         rows, mask, steps, active = self._chunk_batches(tasks, rnd)
-        lazy = self._lazy_layers(tasks, len(rows) * self.spec.batch_size)
+        lazy = self._lazy_layers(tasks, len(rows) * self.spec.batch_size) if lowrank else []
         if lazy:
             return self._train_chunk_lowrank(tasks, rnd, rows, mask, steps, active, lazy)
         spec, dev, P, B = self.spec, self.data.device, self.model.n_params, self.spec.batch_size
         self.model.module.train()
-        w = torch.stack([t.start[:P] for t in tasks]).to(dev)     # (C, P)
-        prox = any(t.mu for t in tasks)
-        mu = torch.tensor([float(t.mu) for t in tasks], device=dev)[:, None]
-        anchor = torch.stack([(t.anchor if t.mu else t.start)[:P] for t in tasks]) if prox else None
-        linear = None
-        if any(t.linear is not None for t in tasks):
-            linear = torch.stack([t.linear if t.linear is not None else torch.zeros(P, device=dev)
-                                  for t in tasks])
+        w = _stack([t.start for t in tasks], slice(0, P), dev)                 # (C, P)
+        mu, anchor, linear = self._terms(tasks)
+        mu = torch.tensor(mu, device=dev)[:, None]
+        anchor, linear = [[_stack(v, slice(0, P), dev)] if v else [] for v in (anchor, linear)]
+        clip = None
+        if spec.max_grad_norm is not None:                             # clip each client's g
+            clip = lambda g: g[0].mul_(clip_coef(g[0].norm(dim=1, keepdim=True), spec.max_grad_norm))  # noqa: E731
         loss_sum = torch.zeros(len(tasks), device=dev)
         shape = self.data.x["train"].shape[1:]
         for s, n in enumerate(active):
             ws, r = w[:n], rows[s, :n]
             x = self.data.inputs(r.reshape(-1)).view(n, B, *shape)
             g, loss = self._grad(ws, x, self.data.y["train"][r], mask[s, :n])
-            with torch.no_grad():
-                if prox:                                               # g += mu (w - anchor)
-                    g.addcmul_(ws - anchor[:n], mu[:n])
-                if linear is not None:                                 # g += linear
-                    g.add_(linear[:n])
-                if spec.max_grad_norm is not None:                     # clip each client's g
-                    g.mul_(clip_coef(g.norm(dim=1, keepdim=True), spec.max_grad_norm))
-                ws.add_(g, alpha=-spec.lr)                             # w -= lr g
+            sgd_step_([ws], [g], spec.lr, [mu[:n]], [a[:n] for a in anchor] or None,
+                      [c[:n] for c in linear] or None, clip)
             loss_sum[:n] += loss
         return self._results(tasks, rnd, list(w.clone()), loss_sum, steps)
 
@@ -237,10 +296,9 @@ class BatchedTrainer(LocalTrainer):
         """Indices of the ``nn.Sequential`` children trained lazily in this chunk: ``nn.Linear``
         layers with a bias whose history (``history`` = longest client's steps x batch rows) is at
         most ``lowrank`` x min(in, out) (so the correction terms cost less than the weight
-        passes they replace), and only when no task has a proximal or linear term (those make
-        the update full-rank) and gradients are not clipped (that needs every step's full norm)."""
-        if (not self._lazy or self.spec.max_grad_norm is not None
-                or any(t.mu or t.linear is not None for t in tasks)):
+        passes they replace), and only when gradients are not clipped (that needs every step's
+        full norm)."""
+        if not self._lazy or self.spec.max_grad_norm is not None:
             return []
         return [i for i in self._lazy
                 if history <= self.lowrank * min(self._children[i].in_features,
@@ -251,38 +309,62 @@ class BatchedTrainer(LocalTrainer):
         other parametrised children run ``vmap(functional_call)`` on their own stacked parameters,
         the parameter-free ones on the (n·B, ...) rows of all clients at once. Only the regular
         parameters are stacked per client (not |W|); each client's weights are written once, at
-        the end."""
+        the end. With proximal terms (client c: ``rho_c = 1 - lr mu_c``) and linear terms, a lazy
+        layer's weight after s steps is ``rho^s W0 + (1 - rho^s) a - lr e_s c - lr sum_j
+        rho^(s-1-j) G_j^T A_j`` with ``e_s = 1 + rho + ... + rho^(s-1)``."""
         dev, P, B, lr = self.data.device, self.model.n_params, self.spec.batch_size, self.spec.lr
         C, shape, sl = len(tasks), self.data.x["train"].shape[1:], self.model.slices
         self.model.module.train()
         starts = [t.start.to(dev) for t in tasks]
         lazy_w = {f"{i}.weight": i for i in lazy}
-        stacked = {n: torch.stack([w[sl[n]] for w in starts]).view(C, *s)      # (C, *shape)
-                   for n, s in zip(self._names, self._shapes) if n not in lazy_w}
-        hist, w0 = {}, {}
+        mu, anchor, linear = self._terms(tasks)
+        mu = torch.tensor(mu, device=dev)
+        stack = lambda vs: {n: _stack(vs, sl[n], dev).view(C, *s)  # noqa: E731
+                            for n, s in zip(self._names, self._shapes) if n not in lazy_w} if vs else {}
+        stacked = stack(starts)                                                  # (C, *shape)
+        anchors, linears = stack(anchor), stack(linear)
+        mus = {n: mu.view(C, *[1] * len(s)) for n, s in zip(self._names, self._shapes)}
+        # per-client factors of the constant terms at each step s = 0..S: rho^s and e_s
+        S, rho = len(rows), 1 - lr * mu
+        pw, e = torch.ones(S + 1, C, device=dev), torch.zeros(S + 1, C, device=dev)
+        for s in range(S):
+            pw[s + 1], e[s + 1] = pw[s] * rho, e[s] * rho + 1
+        far = [bool(t.mu) and t.anchor.data_ptr() != t.start.data_ptr() and not torch.equal(t.anchor[:P], t.start[:P])
+               for t in tasks]
+        w0_coef = torch.where(torch.tensor(far, device=dev), pw, 1.0) if any(far) else None   # (S+1, C)
+        hist = {}
         for name, i in lazy_w.items():
             lin = self._children[i]
-            hist[i] = _History(C, len(rows) * B, lin.in_features, lin.out_features, lr, dev)
-            w0s = [w[sl[name]].view(lin.out_features, lin.in_features) for w in starts]
-            shared = all(w.data_ptr() == w0s[0].data_ptr() or torch.equal(w, w0s[0]) for w in w0s)
-            w0[i] = w0s[0] if shared else torch.stack(w0s)           # one (out, in) or (C, out, in)
+            view = lambda v, name=name, lin=lin: v[sl[name]].view(lin.out_features, lin.in_features)  # noqa: E731
+            hist[i] = h = _History(C, S * B, lin.in_features, lin.out_features, lr, dev)
+            h.add_term([view(w) for w in starts], [t.start.data_ptr() for t in tasks],
+                       lambda s: None if w0_coef is None else w0_coef[s])
+            if any(far):                                               # anchor != start
+                h.add_term([view(t.anchor) if f else None for t, f in zip(tasks, far)],
+                           [t.anchor.data_ptr() if f else 0 for t, f in zip(tasks, far)], lambda s: 1 - pw[s])
+            if linear:
+                h.add_term([view(t.linear) if t.linear is not None else None for t in tasks],
+                           [id(t.linear) for t in tasks], lambda s: -lr * e[s])
+        decay = bool(mu.any())
         loss_sum = torch.zeros(C, device=dev)
         for s, n in enumerate(active):
             r = rows[s, :n]
+            for h in hist.values():
+                h.step(s, B, rho if decay else None)
             leaves = {k: v[:n].detach().requires_grad_() for k, v in stacked.items()}
-            h = self.data.inputs(r.reshape(-1)).view(n, B, *shape)
+            x = self.data.inputs(r.reshape(-1)).view(n, B, *shape)
             for i, child in enumerate(self._children):
                 if i in hist:
-                    h = LowRankLinear.apply(h, w0[i] if w0[i].dim() == 2 else w0[i][:n],
-                                            leaves[f"{i}.bias"], hist[i], s)
+                    x = LowRankLinear.apply(x, leaves[f"{i}.bias"], hist[i], s)
                 elif self._local[i]:
-                    h = self._vmapped[i]({k: leaves[f"{i}.{k}"] for k in self._local[i]}, h)
+                    x = self._vmapped[i]({k: leaves[f"{i}.{k}"] for k in self._local[i]}, x)
                 else:
-                    h = child(h.flatten(0, 1)).unflatten(0, (n, B))
-            loss = self._loss(h, self.data.y["train"][r], mask[s, :n])
+                    x = child(x.flatten(0, 1)).unflatten(0, (n, B))
+            loss = self._loss(x, self.data.y["train"][r], mask[s, :n])
             grads = torch.autograd.grad(loss.sum(), list(leaves.values()))
-            with torch.no_grad():
-                torch._foreach_add_([v[:n] for v in stacked.values()], grads, alpha=-lr)
+            sgd_step_([v[:n] for v in stacked.values()], list(grads), lr, [mus[k][:n] for k in stacked],
+                      [anchors[k][:n] for k in stacked] if anchors else None,
+                      [linears[k][:n] for k in stacked] if linears else None)
             loss_sum[:n] += loss.detach()
         weights = []
         with torch.no_grad():
@@ -290,66 +372,138 @@ class BatchedTrainer(LocalTrainer):
                 w = torch.empty(P, device=dev)
                 for name, v in stacked.items():
                     w[sl[name]].copy_(v[c].reshape(-1))
-                for name, i in lazy_w.items():               # W_c = W0 - lr G_c^T A_c: one GEMM
-                    L, hi = int(steps[c]) * B, hist[i]
-                    w0c = w0[i] if w0[i].dim() == 2 else w0[i][c]
-                    torch.addmm(w0c, hi.g[c, :L].T, hi.a[c, :L], alpha=-lr,
-                                out=w[sl[name]].view_as(w0c))
+                for name, i in lazy_w.items():     # constant terms, then - lr G_c^T (decay A_c): one GEMM
+                    hist[i].final(c, int(steps[c]), B, rho[c] if decay else None,
+                                  w[sl[name]].view(hist[i].g.shape[2], hist[i].a.shape[2]))
                 weights.append(w)
         return self._results(tasks, rnd, weights, loss_sum, steps)
 
 
+def _stack(vs: list, sl: slice, dev) -> torch.Tensor:
+    """The ``sl`` parts of the vectors ``vs`` (None: zeros) stacked into a (len(vs), n) tensor."""
+    return torch.stack([v[sl].to(dev) if v is not None else torch.zeros(sl.stop - sl.start, device=dev)
+                        for v in vs])
+
+
 class _History:
-    """One lazy layer's per-client history: inputs ``a`` (C, L, in) and output gradients ``g``
-    (C, L, out), rows ``s*B:(s+1)*B`` for step s (zero until written; padded rows have g = 0)."""
+    """One lazy layer's state in a chunk: the clients' inputs ``a`` (C, L, in) and output gradients
+    ``g`` (C, L, out), rows ``s*B:(s+1)*B`` for step s (zero until written; padded rows have
+    g = 0); the constant ``terms`` of its weight, each a list of ``(matrix (out, in), clients)``
+    groups (the clients sharing that matrix, ascending) and a function of the step giving the
+    clients' factors (None: 1); at the current step, ``coef`` (one (C,) tensor or None per term)
+    and ``decay`` (C, s*B), the factor ``rho^(s-1-j)`` of each history row (None: 1)."""
 
     def __init__(self, C: int, L: int, n_in: int, n_out: int, lr: float, device):
         self.a = torch.zeros(C, L, n_in, device=device)
         self.g = torch.zeros(C, L, n_out, device=device)
-        self.lr = lr
+        self.lr, self.device = lr, device
+        self.terms, self.coef, self.decay = [], [], None
+
+    def add_term(self, mats: list, keys: list, coef) -> None:
+        """A constant term: client c's matrix ``mats[c]`` (None: none), clients with the same
+        ``keys[c]`` sharing it; ``coef(s)``: the clients' factors at step s (None: 1)."""
+        groups: dict = {}
+        for c, (m, k) in enumerate(zip(mats, keys)):
+            if m is not None:
+                groups.setdefault(k, (m, []))[1].append(c)
+        self.terms.append(([(m, cs, torch.tensor(cs, device=self.device)) for m, cs in groups.values()],
+                           coef))
+
+    def step(self, s: int, B: int, rho: torch.Tensor | None) -> None:
+        self.coef = [coef(s) for _, coef in self.terms]
+        if rho is not None and s:
+            self.decay = (rho[:, None] ** torch.arange(s - 1, -1, -1, device=rho.device,
+                                                       dtype=rho.dtype)).repeat_interleave(B, 1)
+
+    def const(self, x: torch.Tensor, back: bool) -> torch.Tensor:
+        """``x`` (n, B, k) times the first n clients' constant part of the weight: ``x W^T``
+        (forward) or ``x W`` (backward): one GEMM over all the rows of the clients sharing a matrix."""
+        n, B, _ = x.shape
+        y = None
+        for (groups, _), coef in zip(self.terms, self.coef):
+            for m, cs, idx in groups:
+                k = bisect.bisect_left(cs, n)                  # the group's clients among the first n
+                if not k:
+                    continue
+                m = m if back else m.T
+                if k == n:
+                    part = (x.reshape(n * B, -1) @ m).view(n, B, -1)
+                    part = part if coef is None else part.mul_(coef[:n, None, None])
+                    y = part if y is None else y.add_(part)
+                    continue
+                part = x[idx[:k]] @ m
+                if coef is not None:
+                    part.mul_(coef[idx[:k], None, None])
+                y = (x.new_zeros(n, B, m.shape[1]) if y is None else y).index_add_(0, idx[:k], part)
+        return y
+
+    def lowrank(self, x: torch.Tensor, s: int, back: bool) -> torch.Tensor | None:
+        """``(x A^T decay) G`` (forward) or ``(x G^T decay) A`` (backward) over the first s steps'
+        rows of the first n clients; None at step 0."""
+        if not s:
+            return None
+        n, B, _ = x.shape
+        a, g = self.a[:n, :s * B], self.g[:n, :s * B]
+        t = torch.bmm(x, (a if not back else g).transpose(1, 2))
+        if self.decay is not None:
+            t.mul_(self.decay[:n, None])
+        return t, (g if not back else a)
+
+    def final(self, c: int, steps: int, B: int, rho, out: torch.Tensor) -> None:
+        """Client c's weight after ``steps`` steps, written into ``out`` (out, in)."""
+        first = True
+        for (groups, coef) in self.terms:
+            f = coef(steps)
+            f = 1.0 if f is None else f[c]
+            for m, cs, _ in groups:
+                if c in cs:
+                    if first:                                  # one pass over ``out`` per term
+                        torch.mul(m, f, out=out)
+                    else:
+                        out.addcmul_(m, f if torch.is_tensor(f) else torch.tensor(f))
+                    first = False
+        L = steps * B
+        g = self.g[c, :L]
+        if rho is not None and steps:
+            g = g * (rho ** torch.arange(steps - 1, -1, -1, device=g.device, dtype=g.dtype)
+                     ).repeat_interleave(B)[:, None]
+        out.addmm_(g.T, self.a[c, :L], alpha=-self.lr)
 
 
 class LowRankLinear(torch.autograd.Function):
-    """A linear layer at step s of plain SGD, with its weight kept as ``W_s = W0 - lr * G^T A``
-    (A, G: the client's earlier inputs and output gradients, ``hist.a[:, :s*B]``,
-    ``hist.g[:, :s*B]``) and never materialised:
+    """A linear layer at step s of local SGD, with its weight kept as ``W_s = (constant terms) -
+    lr * G^T diag(decay) A`` (:class:`_History`: A, G are the client's earlier inputs and output
+    gradients, ``hist.a[:, :s*B]``, ``hist.g[:, :s*B]``) and never materialised:
 
-    * forward: ``y = x W0^T - lr * (x A^T) G + b``; x is appended to A;
-    * backward: ``dL/dx = g W0 - lr * (g G^T) A``, ``dL/db = sum of g``; g is appended to G
-      (no weight gradient).
+    * forward: ``y = x W_const^T - lr * (x A^T decay) G + b``; x is appended to A;
+    * backward: ``dL/dx = g W_const - lr * (g G^T decay) A``, ``dL/db = sum of g``; g is appended
+      to G (no weight gradient).
 
-    ``x``: (n, B, in) for the n clients training at step s; ``w0``: (out, in) when they all
-    start from the same weight (one GEMM over all n·B rows: the weight is read once per step for
-    the whole chunk) or (n, out, in); ``b``: (n, out), the clients' current biases (trained as
-    usual: it always requires grad, so the backward runs even for a first layer)."""
+    ``x``: (n, B, in) for the n clients training at step s; ``b``: (n, out), the clients' current
+    biases (trained as usual: it always requires grad, so the backward runs even for a first
+    layer)."""
 
     @staticmethod
-    def forward(ctx, x, w0, b, hist, s):
+    def forward(ctx, x, b, hist, s):
         n, B, _ = x.shape
-        a, g = hist.a[:n, :s * B], hist.g[:n, :s * B]
-        if w0.dim() == 2:
-            y = (x.reshape(n * B, -1) @ w0.T).view(n, B, -1)
-        else:
-            y = torch.bmm(x, w0.transpose(1, 2))
-        if s:
-            y.baddbmm_(torch.bmm(x, a.transpose(1, 2)), g, alpha=-hist.lr)
+        y = hist.const(x, back=False)
+        low = hist.lowrank(x, s, back=False)
+        if low is not None:
+            y.baddbmm_(*low, alpha=-hist.lr)
         hist.a[:n, s * B:(s + 1) * B] = x
-        ctx.w0, ctx.hist, ctx.s = w0, hist, s
+        ctx.hist, ctx.s = hist, s
         return y.add_(b[:, None])
 
     @staticmethod
     def backward(ctx, gy):
-        w0, hist, s = ctx.w0, ctx.hist, ctx.s
+        hist, s = ctx.hist, ctx.s
         n, B, _ = gy.shape
         hist.g[:n, s * B:(s + 1) * B] = gy
-        gb = gy.sum(1) if ctx.needs_input_grad[2] else None
+        gb = gy.sum(1) if ctx.needs_input_grad[1] else None
         if not ctx.needs_input_grad[0]:
-            return None, None, gb, None, None
-        a, g = hist.a[:n, :s * B], hist.g[:n, :s * B]
-        if w0.dim() == 2:
-            gx = (gy.reshape(n * B, -1) @ w0).view(n, B, -1)
-        else:
-            gx = torch.bmm(gy, w0)
-        if s:
-            gx.baddbmm_(torch.bmm(gy, g.transpose(1, 2)), a, alpha=-hist.lr)
-        return gx, None, gb, None, None
+            return None, gb, None, None
+        gx = hist.const(gy, back=True)
+        low = hist.lowrank(gy, s, back=True)
+        if low is not None:
+            gx.baddbmm_(*low, alpha=-hist.lr)
+        return gx, gb, None, None

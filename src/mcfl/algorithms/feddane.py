@@ -15,7 +15,9 @@ Each round t, from the global model w_t:
 
 Algorithm 1 draws a second client subset for step 2; Li et al.'s code re-seeds the sampler with
 the round number, so both subsets coincide, and we use the round's clients for both. grad F_k(w_t)
-is recomputed in step 2 rather than stored (one local model in memory, not one per client).
+is recomputed in step 2 rather than stored (one local model in memory, not one per client), except
+with an executor that holds all the round's tasks anyway (``batched``: ``keeps_tasks``), which
+keeps step 1's gradients and so computes each client's gradient once.
 mu = 0 is the value of the FeSEM authors' runs (``all_baselines/fed-dane/run_trainer.sh``: "used 0
 all the time"); Li et al. tune it in {0, 0.001, 0.01, 0.1, 1}.
 """
@@ -47,11 +49,16 @@ class FedDANE(FedAvg):
     def round(self, state: State, clients: np.ndarray, rnd: int):
         fed, w = self.fed, state.w
         grads = WeightedSum(1, fed.model.n_params, w.device)
+        keep = getattr(fed.trainer, "keeps_tasks", False)
+        kept = {}
         for c in clients:                                                       # step 1
-            grads.add(0, fed.trainer.gradient(w, int(c))[0], fed.n_train[c])
+            gc = fed.trainer.gradient(w, int(c))[0]
+            grads.add(0, gc, fed.n_train[c])
+            if keep:
+                kept[int(c)] = gc
         g = grads.mean(0)
-        tasks = (Task(int(c), w, anchor=w, mu=self.p.mu, linear=g - fed.trainer.gradient(w, int(c))[0])
-                 for c in clients)                                              # step 2
+        local = lambda c: kept.pop(c).neg_().add_(g) if keep else g - fed.trainer.gradient(w, c)[0]  # noqa: E731
+        tasks = (Task(int(c), w, anchor=w, mu=self.p.mu, linear=local(int(c))) for c in clients)   # step 2
         acc = WeightedSum(1, w.numel(), w.device)
         losses = []
         for task, res in fed.trainer.run(tasks, rnd):                           # step 3
