@@ -850,7 +850,7 @@ CLI_FAULTS = [
      r"{file}: not a select-k result"),
     ("init-spec-empty", ["init-centres", "--run", "{}"], r"--run: missing keys dataset, seed, model, train, K"),
     ("select-k-path", ["select-k", "--run", "{file}"], r"--run: not JSON text"),
-    ("download-out-file", ["download", "femnist", "--out", "{file}"], r"File exists: '{file}'"),
+    ("download-out-file", ["download", "femnist", "--out", "{file}"], r"--out {file}: exists and is not a directory"),
     ("device-bogus", ["train", "--run", "{run}", "--device", "tpu7"], r"--device 'tpu7': not a device"),
     ("report-no-runs", ["report", "--out", "{tmp}/rep", "{dir}"], r"{dir}"),
 ]

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 
 def leaf_sources() -> dict:
@@ -40,6 +41,8 @@ def _cmd_download(a) -> int:
     from mcfl.data.leaf.fetch import expected_md5, fetch
 
     fn = leaf_sources()[a.source]
+    if Path(a.out).exists() and not Path(a.out).is_dir():
+        raise ValueError(f"--out {a.out}: exists and is not a directory (the raw files go in it)")
     params = inspect.signature(fn).parameters
     origin = a.origin if a.origin is not None else params["origin"].default
     sums = expected_md5(fn.raw_files, a.md5)
