@@ -38,7 +38,6 @@ from mcfl.engine import Task
 from mcfl.metrics import clustering_scores, domain_scores, per_client_scores, summarize
 from mcfl.streams import FINETUNE
 
-METRICS = ("micro_acc", "macro_acc", "micro_f1", "macro_f1")
 COMBINE = ("clients", "cluster_mean", "cluster_max")
 CLIENTS = ("all", "active")
 

@@ -95,6 +95,16 @@ class Algorithm:
         return self.State(**d)
 
 
+def param_span(flat, prefix: str) -> slice:
+    """The one contiguous slice of a :class:`~mcfl.engine.FlatModel`'s vector holding the
+    parameters whose names start with ``prefix`` (a sub-network of a wrapped model)."""
+    parts = [sl for n, sl in flat.slices.items() if n.startswith(prefix)]
+    start, stop = min(s.start for s in parts), max(s.stop for s in parts)
+    if stop - start != sum(s.stop - s.start for s in parts):
+        raise RuntimeError(f"parameters {prefix}* are not contiguous in the flat vector")
+    return slice(start, stop)
+
+
 def per_cluster(models: torch.Tensor, assign: torch.Tensor) -> Iterable[tuple[torch.Tensor, np.ndarray]]:
     """``eval_models`` of a clustered method: each non-empty cluster's model with its clients."""
     assign = assign.numpy()

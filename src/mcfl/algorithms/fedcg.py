@@ -85,7 +85,7 @@ import torch
 import torch.nn.functional as F
 
 from mcfl.aggregate import WeightedSum
-from mcfl.algorithms.base import Algorithm
+from mcfl.algorithms.base import Algorithm, param_span
 from mcfl.engine import FlatModel, LocalTrainer, Task, generator
 from mcfl.metrics import domain_scores, paired_counts, per_client_scores, summarize
 from mcfl.models.fedcg import (FedCGNet, distance_adjacency, hamming_adjacency, random_adjacency,
@@ -173,9 +173,7 @@ class FedCG(Algorithm):
         self.fed = dataclasses.replace(fed, model=flat, trainer=trainer, w0=flat.get())
         self.net, self.flat = net, flat
         self.c = p.domain_lr / trainer.spec.lr if p.domain_lr else 1.0
-        names = [n for n, _ in net.named_parameters()]
-        self.teacher_sl = _span(flat, [n for n in names if n.startswith("teacher.")])
-        self.student_sl = _span(flat, [n for n in names if n.startswith("student.")])
+        self.teacher_sl, self.student_sl = param_span(flat, "teacher."), param_span(flat, "student.")
         self.layers = [(n, m, flat.slices[f"backbone.{n}.theta"], flat.slices[f"backbone.{n}.adjacency"])
                        for n, m in net.domain_layers()]
         self.domains = self._oracle_domains() if p.clustering == "oracle" else None
@@ -384,12 +382,3 @@ class FedCG(Algorithm):
             return {}
         return {f"alpha_{n}": float(w[self.flat.slices[f"backbone.{n}.alpha"]])
                 for n, *_ in self.layers}
-
-
-def _span(flat: FlatModel, names: list[str]) -> slice:
-    """The one contiguous slice of the flat vector holding the named parameters."""
-    sl = [flat.slices[n] for n in names]
-    start, stop = min(s.start for s in sl), max(s.stop for s in sl)
-    if stop - start != sum(s.stop - s.start for s in sl):
-        raise RuntimeError(f"parameters {names[0]}... are not contiguous in the flat vector")
-    return slice(start, stop)

@@ -25,6 +25,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from mcfl.algorithms.base import param_span
 from mcfl.algorithms.fedavg import FedAvg
 from mcfl.engine import FlatModel, LocalTrainer, Task
 from mcfl.models.fusion import FusionNet
@@ -33,15 +34,6 @@ from mcfl.models.fusion import FusionNet
 @dataclass
 class Params:
     operator: Literal["conv", "multi", "single"] = "conv"
-
-
-def span(flat: FlatModel, prefix: str) -> slice:
-    """The contiguous slice of the flat vector holding the parameters whose names start ``prefix``."""
-    parts = [sl for n, sl in flat.slices.items() if n.startswith(prefix)]
-    out = slice(min(s.start for s in parts), max(s.stop for s in parts))
-    if sum(s.stop - s.start for s in parts) != out.stop - out.start:
-        raise ValueError(f"parameters {prefix}* are not contiguous in the flat vector")
-    return out
 
 
 def cross_entropy(module, x, y, rows):
@@ -59,7 +51,7 @@ class FedFusion(FedAvg):
         flat = FlatModel(net, fed.device)
         trainer = LocalTrainer(flat, fed.dev, fed.trainer.spec, fed.seed)
         self.fed = dataclasses.replace(fed, model=flat, trainer=trainer, w0=flat.get())
-        self.local_sl, self.glob_sl = span(flat, "local."), span(flat, "glob.")
+        self.local_sl, self.glob_sl = param_span(flat, "local."), param_span(flat, "glob.")
 
     def local_task(self, client: int, w: torch.Tensor) -> Task:
         return Task(client, w, loss=cross_entropy)     # custom loss: the frozen extractor gets no step
