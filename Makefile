@@ -8,7 +8,8 @@ STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup reproduce test test-fast dry-run report clean femnist-sample-fedgsp femnist-sample-fedcg
+.PHONY: setup reproduce test test-fast dry-run report clean femnist-sample femnist-sample-paper femnist-sample-tune \
+        femnist-sample-fedgsp femnist-sample-fedcg
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,7 +23,7 @@ reproduce: setup
 	$(BIN)/snakemake --cores $(CORES) --configfile config/config.yaml
 
 # The real-writer studies (embedded FEMNIST sample; hours on a CPU, resumable: run again to continue)
-femnist-sample-fedgsp femnist-sample-fedcg: setup
+femnist-sample femnist-sample-paper femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg: setup
 	$(BIN)/snakemake --cores $(CORES) --configfile config/$@.yaml
 
 dry-run: setup

@@ -107,3 +107,22 @@ def test_a_run_records_each_protocol_on_the_same_model(digits_store, tmp_path):
     assert f["ft/micro_acc"] != pytest.approx(f["micro_acc"])
     h = pd.read_csv(tmp_path / "a" / "history.csv")
     assert {"v1/micro_acc", "ft/macro_f1"} <= set(h.columns) and h["v1/micro_acc"].notna().all()
+
+
+def test_a_run_with_eval_protocols_passes_the_cli_check_and_a_bad_one_is_named():
+    """`mcfl train --run JSON` validates the run's `train` block, whose eval_protocols entry refers to
+    another schema definition: it must resolve (it did not, so every such job failed)."""
+    import json
+
+    from mcfl.config import ConfigError, expand_runs, parse_run
+
+    cfg = {"seeds": [0], "datasets": {"d": {"prepare": {"source": "digits"}, "model": {"name": "digits_cnn"},
+                                            "train": {"rounds": 1, "eval_protocols": {"v1": {"clients": "active"}}}}},
+           "methods": [{"method": "FedAvg"}]}
+    from mcfl.config import validate
+
+    run = expand_runs(validate(cfg))[0]
+    assert parse_run(json.dumps(run))["train"]["eval_protocols"] == {"v1": {"clients": "active"}}
+    run["train"]["eval_protocols"] = {"v1": {"clients": "some"}}
+    with pytest.raises(ConfigError, match="eval_protocols.v1.clients"):
+        parse_run(json.dumps(run))

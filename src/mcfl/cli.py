@@ -254,6 +254,20 @@ def _cmd_report_fedcg(a) -> int:
     return 0
 
 
+def _cmd_report_protocols(a) -> int:
+    from mcfl.report.protocols import write
+
+    write(a.runs, a.out, paper_results=a.paper_results, reference=a.reference)
+    return 0
+
+
+def _cmd_report_writers(a) -> int:
+    from mcfl.report.writers import write
+
+    write(a.store, a.runs, a.out)
+    return 0
+
+
 def _cmd_report_select_k(a) -> int:
     from mcfl.cluster.select_k import write_select_k_report
 
@@ -368,6 +382,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (table3-5.csv, tables.md)")
     p.add_argument("runs", nargs="+", help="run directories of FedCG and FedAvg runs (metrics.json, "
                                            "predictions.csv)")
+    p = sub.add_parser("report-protocols", help="FeSEM's Table 2 under the paper's and the standard "
+                                                "protocol, beside the paper (OUT.csv, OUT.md)")
+    p.add_argument("--out", required=True, help="output path without suffix (OUT.csv and OUT.md are written)")
+    p.add_argument("--paper-results", help="results directory of the paper-protocol config (its finished "
+                                           "runs are shown; absent or empty = 'not run')")
+    p.add_argument("--reference", default="FedAvg", help="label of the method of the paired comparison")
+    p.add_argument("runs", nargs="+", help="run directories (metrics.json, predictions.csv)")
+    p = sub.add_parser("report-writers", help="per-writer image statistics against clustered runs' "
+                                              "clusters (OUT.csv, OUT.md)")
+    p.add_argument("--store", required=True, help="the runs' prepared store")
+    p.add_argument("--out", required=True, help="output path without suffix")
+    p.add_argument("runs", nargs="+", help="run directories (metrics.json, assignments.csv)")
     return ap
 
 
@@ -375,7 +401,8 @@ COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods
             "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
             "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
             "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,
-            "report-fedcg": _cmd_report_fedcg, "track": _cmd_track, **leaf_cli.COMMANDS}
+            "report-fedcg": _cmd_report_fedcg, "report-protocols": _cmd_report_protocols,
+            "report-writers": _cmd_report_writers, "track": _cmd_track, **leaf_cli.COMMANDS}
 
 
 def _terminate(signum, frame):

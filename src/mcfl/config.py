@@ -385,7 +385,8 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool = False) -> dict:
         for key in ("train", "model") + (("params",) if keys is RUN_KEYS else ()):
             if not isinstance(run[key], dict):
                 raise ConfigError(f"{key}: must be an object, found {run[key]!r:.40}")
-        errors = list(jsonschema.Draft202012Validator(_schema()["$defs"]["train"]).iter_errors(run["train"]))
+        train_schema = {"$ref": "#/$defs/train", "$defs": _schema()["$defs"]}     # its $refs resolve
+        errors = list(jsonschema.Draft202012Validator(train_schema).iter_errors(run["train"]))
         if errors:
             e = best_match(errors)
             raise ConfigError(f"{_path(['train', *e.absolute_path])}: {e.message}")

@@ -6,8 +6,10 @@ its checkpoint), and for r = 1..R: draws round r's clients (from (seed, r) alone
 checkpoints every ``checkpoint_every`` rounds. Outputs (each written atomically, ``metrics.json``
 last, so a killed job leaves nothing the report could take for a result):
 
-* ``history.csv``      one row per round: train loss, the algorithm's diagnostics, and test metrics
-  on evaluation rounds (:mod:`mcfl.evaluation`; a named protocol's as ``NAME/micro_acc`` ...);
+* ``history.csv``      one row per round: train loss, the algorithm's diagnostics, test metrics
+  on evaluation rounds (:mod:`mcfl.evaluation`; a named protocol's as ``NAME/micro_acc`` ...), and
+  the round's seconds of local training, of the rest of the round and of evaluation
+  (:mod:`mcfl.timing`; ``metrics.json`` has their totals under ``time_s``);
 * ``assignments.csv``  client id, true cluster, final cluster (blank for unclustered methods);
 * ``predictions.csv``  the final evaluation's prediction for every test sample, in the store's test
   order (client id, label ``y``, prediction ``pred``, and ``domain`` on stores with per-sample
@@ -47,6 +49,7 @@ from mcfl.data.store import load, warn_untested
 from mcfl.evaluation import evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
 from mcfl.io import OUTPUTS, atomic_path, config_hash, git_revision, remove_stale_temps, write_bytes, write_json
+from mcfl.timing import COLUMNS as TIME_COLUMNS, LocalClock
 
 log = logging.getLogger("mcfl")
 
@@ -162,11 +165,17 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     evaluation_protocols = protocols(tcfg)
     ck_every = int(tcfg.get("checkpoint_every") or 0) if ckpt_path else 0
     bar = _progress(range(start, rounds + 1), run, progress)
+    clock = LocalClock(fed.trainer, fed.device)
     status = "FAILED"
     try:
         for r in bar:
+            clock.reset()
+            t_round = time.perf_counter()
             state, diag = algo.round(state, fed.clients(r), r)
+            clock.sync()
+            round_s, local_s = time.perf_counter() - t_round, clock.seconds
             row = {"round": r, **diag}
+            t_eval = time.perf_counter()
             if r % every == 0 or r == rounds:
                 scores, pred = evaluate(algo, state, fed, finetune_epochs=int(tcfg.get("finetune_epochs", 0)),
                                         rnd=r)
@@ -175,13 +184,16 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
                     row.update({f"{name}/{k}": v for k, v in evaluate_protocol(proto, algo, state, fed, r).items()})
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(acc=f"{row['micro_acc']:.3f}", loss=f"{row['train_loss']:.3f}")
+            clock.sync()
+            eval_s = time.perf_counter() - t_eval
+            row.update(zip(TIME_COLUMNS, (round(local_s, 4), round(round_s - local_s, 4), round(eval_s, 4))))
             _check_finite(row, r)
             rows.append(row)
             tracker.log({k: v for k, v in row.items() if k != "round"}, step=r)
             if ck_every and r % ck_every == 0 and r < rounds:
                 _save_checkpoint(ckpt_path, algo, state, r, rows, identity, tracking_id)
                 tracker.flush()
-        final = {k: v for k, v in rows[-1].items() if k != "round"}
+        final = {k: v for k, v in rows[-1].items() if k != "round" and k not in TIME_COLUMNS}
         result = _write_outputs(out_dir, run, identity, algo, state, fed, rows, final, pred,
                                 time.time() - t0)
         tracker.artifacts([out_dir / f for f in OUTPUTS])
@@ -233,6 +245,7 @@ def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, 
     result = {"dataset": run["dataset"], "method": run["method"], "label": run["label"],
               "run_id": run["run_id"], "seed": run["seed"], "params": run["params"],
               "rounds": int(run["train"]["rounds"]), "final": final, "wall_s": round(wall, 2),
+              "time_s": {c[:-2]: round(float(sum(r.get(c, 0.0) for r in rows)), 2) for c in TIME_COLUMNS},
               "device": str(fed.device), **identity}
     result["partition"] = run.get("partition", "natural")          # which partition made the data
     if fed.data.domain_test is not None:        # which ``domain`` ids of predictions.csv are unseen

@@ -1,0 +1,167 @@
+"""FeSEM's Table 2 under two protocols, side by side with the paper (issue 29's table).
+
+One row per method label (config order), in percent micro accuracy (mean ± std over seeds):
+
+* ``paper``: FeSEM's journal Table 2 (``paper_tables.csv``), where the paper has the row;
+* ``paper_protocol``: our runs of the paper's *training* protocol (a second results directory, e.g.
+  ``config/femnist-sample-paper.yaml``'s) scored with the authors' V1 evaluation (``v1/…``
+  columns), blank where those runs do not exist (yet);
+* ``standard``: our runs of this config, standard evaluation (:mod:`mcfl.evaluation`);
+* one column per named evaluation protocol of the same runs (``v1``, ``v2``, ``active`` ...): the
+  same trained models scored with the authors' choices, each alone and together;
+* ``diff_vs_ref``: the paired difference to the reference method (FedAvg) under the standard
+  protocol, mean ± std over seeds of (this seed's accuracy - the reference's same seed), and the
+  exact two-sided sign test over test images (McNemar: the images only one of the two classifies
+  correctly, summed over seeds, from the runs' ``predictions.csv``);
+* ``seeds`` and ``machine`` (each run's device and CPU, from its ``metrics.json``).
+
+Files: ``<out>.csv`` (numbers) and ``<out>.md`` (the table, the protocol switches, and the machines).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mcfl.io import atomic_path, read_run, write_text
+from mcfl.metrics import paired_counts, sign_test_p
+from mcfl.report.format import markdown_table, mean_std
+from mcfl.report.paper import paper_tables
+
+METRIC = "micro_acc"
+PAPER_EVAL = "v1"          # the named protocol that scores the paper-protocol runs as the authors did
+
+
+def machine(m: dict) -> str:
+    """A run's machine in words, from its metrics.json (device, CPU kernels, threads)."""
+    dev = str(m.get("device", "?"))
+    name = m.get("device_name")
+    return f"{dev}{f' {name}' if name else ''} ({m.get('cpu', '?')}, {m.get('threads', '?')} thread(s), torch {m.get('torch', '?')})"
+
+
+def load(run_dirs: list[str | Path]) -> list[dict]:
+    """Each finished run's metrics.json with its per-test-image hits where predictions.csv exists."""
+    out = []
+    for d in run_dirs:
+        m = read_run(d)
+        p = Path(d) / "predictions.csv"
+        if p.is_file():
+            pred = pd.read_csv(p, usecols=["y", "pred"])
+            m["y"], m["hit"] = pred["y"].to_numpy(), (pred["y"] == pred["pred"]).to_numpy()
+        out.append(m)
+    return out
+
+
+def finished(results_dir: str | Path | None) -> list[Path]:
+    """The finished run directories (with a metrics.json) under a results directory, if any."""
+    if not results_dir or not Path(results_dir).is_dir():
+        return []
+    return sorted(Path(f).parent for f in glob.glob(os.path.join(results_dir, "runs", "*", "*", "*", "metrics.json")))
+
+
+def protocol_names(runs: list[dict]) -> list[str]:
+    """The named evaluation protocols the runs were scored with, in first-seen order."""
+    names: dict[str, None] = {}
+    for m in runs:
+        for k in m["final"]:
+            if k.endswith("/" + METRIC):
+                names.setdefault(k.split("/")[0])
+    return list(names)
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    v = np.asarray([x for x in values if x is not None and not pd.isna(x)], dtype=float) * 100
+    if not len(v):
+        return np.nan, np.nan
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else np.nan
+
+
+def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg") -> pd.DataFrame:
+    """The numbers of the table (one row per method label, config order)."""
+    paper = paper_tables()
+    paper = paper[(paper["paper"] == "000") & (paper["dataset"] == "FEMNIST") & (paper["metric"] == METRIC)]
+    paper = dict(zip(paper["method"], zip(paper["value"], paper["std"])))
+    names = protocol_names(runs)
+    ref = {m["seed"]: m for m in runs if m["label"] == reference}
+    rows = []
+    for label in dict.fromkeys(m["label"] for m in runs):
+        mine = sorted((m for m in runs if m["label"] == label), key=lambda m: m["seed"])
+        row = {"method": label, "seeds": len(mine)}
+        row["paper_mean"], row["paper_std"] = paper.get(label, (np.nan, np.nan))
+        pp = [m for m in paper_runs if m["label"] == label]
+        row["paper_protocol_mean"], row["paper_protocol_std"] = _stats(
+            [m["final"].get(f"{PAPER_EVAL}/{METRIC}") for m in pp])
+        row["paper_protocol_seeds"] = len(pp)
+        row["standard_mean"], row["standard_std"] = _stats([m["final"][METRIC] for m in mine])
+        for n in names:
+            row[f"{n}_mean"], row[f"{n}_std"] = _stats([m["final"].get(f"{n}/{METRIC}") for m in mine])
+        paired = [m for m in mine if m["seed"] in ref]
+        if label != reference and paired:
+            d = [m["final"][METRIC] - ref[m["seed"]]["final"][METRIC] for m in paired]
+            row["diff_vs_ref_mean"], row["diff_vs_ref_std"] = _stats(d)
+            counts = [paired_counts(m["hit"], ref[m["seed"]]["hit"]) for m in paired
+                      if "hit" in m and "hit" in ref[m["seed"]] and np.array_equal(m["y"], ref[m["seed"]]["y"])]
+            if counts:
+                row["only_this"], row["only_ref"] = (int(sum(c[i] for c in counts)) for i in (0, 1))
+                row["sign_p"] = sign_test_p(row["only_this"], row["only_ref"])
+        row["machine"] = "; ".join(sorted({machine(m) for m in mine}))
+        row["paper_protocol_machine"] = "; ".join(sorted({machine(m) for m in pp}))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _p(p) -> str:
+    return "" if pd.isna(p) else (f"{p:.2g}" if p >= 1e-3 else "<0.001")
+
+
+def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -> str:
+    ms = lambda r, k: mean_std(r[f"{k}_mean"], r[f"{k}_std"])  # noqa: E731
+    head = ["method", "paper (000, Table 2)", "ours: paper's protocol", "ours: standard",
+            f"Δ vs {reference} (standard)", f"images only this / only {reference}", "sign test p", "seeds"]
+    rows = []
+    for _, r in t.iterrows():
+        pp = ms(r, "paper_protocol") or "not run"
+        pp += f" ({int(r['paper_protocol_seeds'])} seeds)" if r["paper_protocol_seeds"] else ""
+        counts = "" if pd.isna(r.get("only_this")) else f"{int(r['only_this'])} / {int(r['only_ref'])}"
+        rows.append([r["method"], ms(r, "paper"), pp, ms(r, "standard"),
+                     mean_std(r.get("diff_vs_ref_mean"), r.get("diff_vs_ref_std"), sign=True),
+                     counts, _p(r.get("sign_p")), int(r["seeds"])])
+    out = [f"# {title}", "",
+           "Micro accuracy in percent, mean ± std over seeds. *Paper's protocol*: the paper's training "
+           f"settings, scored with the authors' V1 evaluation (`{PAPER_EVAL}`). *Standard*: every client "
+           "tested on its own model, no fine-tuning. Δ: paired over seeds against the same seed's "
+           f"{reference}; the sign test counts the test images only one of the two classifies correctly "
+           "(summed over seeds; exact two-sided binomial).", "",
+           markdown_table(head, rows)]
+    if names:
+        out += ["## The same trained models under the authors' evaluation choices", "",
+                "Each column scores the standard protocol's trained models again (mcfl.evaluation): "
+                "`active` = the round's active clients only; `finetune` = those after one epoch of local "
+                "fine-tuning; `cluster_mean` = unweighted mean over clusters; `v1` = all three (the "
+                "authors' V1 code); `v2` = every client on every cluster model, max over clusters (V2).", "",
+                markdown_table(["method", "standard"] + [f"`{n}`" for n in names],
+                               [[r["method"], ms(r, "standard")] + [ms(r, n) for n in names]
+                                for _, r in t.iterrows()])]
+    machines = sorted({x for col in ("machine", "paper_protocol_machine") for v in t[col] if v for x in v.split("; ")})
+    out += ["## Machines", "", *[f"- {m}" for m in machines], ""]
+    return "\n".join(out)
+
+
+def write(run_dirs: list[str | Path], out: str | Path, *, paper_results: str | Path | None = None,
+          reference: str = "FedAvg", title: str = "FeSEM's Table 2 on real FEMNIST writers") -> pd.DataFrame:
+    """Write ``<out>.csv`` and ``<out>.md`` from this config's runs and the paper-protocol runs."""
+    runs, paper_runs = load(run_dirs), load(finished(paper_results))
+    if not any(m["label"] == reference for m in runs):
+        raise ValueError(f"protocols.reference: no run labelled {reference!r} among the {len(runs)} runs "
+                         f"(labels: {sorted({m['label'] for m in runs})})")
+    t = table(runs, paper_runs, reference)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out.with_suffix(".csv")) as tmp:
+        t.round(4).to_csv(tmp, index=False)
+    write_text(out.with_suffix(".md"), to_markdown(t, protocol_names(runs), reference, title))
+    return t

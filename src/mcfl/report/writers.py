@@ -1,0 +1,129 @@
+"""What do clusters of writers group by? Simple per-writer image statistics against a run's clusters.
+
+Per writer (client), over its training images (ink = distance of a pixel from the image's
+background value, the median pixel, scaled to [0, 1]; a pixel is *inked* when ink > 0.5):
+
+* ``ink_darkness``: mean ink of the inked pixels (how dark the pen is);
+* ``ink_fraction``: the share of inked pixels per image (stroke width and character size);
+* ``slant``: the ink's shear, second central moments mu11 / mu02 per image (x against y; positive
+  leans right with y growing downwards as rows do);
+* ``digits``, ``upper``, ``lower``: the share of the writer's labels that are digits (0-9), upper-case
+  (10-35) and lower-case letters (36-61) for FEMNIST's 62 classes; ``label_entropy`` in nats;
+* ``n_train``: training images.
+
+For each clustered run (``assignments.csv``: client, cluster) and statistic: ``eta2``, the share of
+the statistic's variance between clusters (0 = the clusters do not differ in it; 1 = it is constant
+within each cluster), and ``kruskal_p``, the Kruskal-Wallis test's p-value of "same distribution in
+every cluster" (scipy). The markdown gives, per run label, the mean eta2 over seeds and the median p,
+and the per-cluster means of each statistic for the first seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mcfl.io import atomic_path, read_run, write_text
+from mcfl.report.format import markdown_table
+
+STATS = ["ink_darkness", "ink_fraction", "slant", "digits", "upper", "lower", "label_entropy", "n_train"]
+
+
+def image_stats(x: np.ndarray) -> dict[str, np.ndarray]:
+    """Per image: ink darkness, inked fraction and slant; ``x`` is (n, 28, 28) or (n, 784), any scale."""
+    x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    side = int(round(np.sqrt(x.shape[1])))
+    bg = np.median(x, axis=1, keepdims=True)
+    ink = np.abs(x - bg)
+    ink /= np.maximum(ink.max(axis=1, keepdims=True), 1e-12)
+    inked = ink > 0.5
+    darkness = np.where(inked.any(1), (ink * inked).sum(1) / np.maximum(inked.sum(1), 1), 0.0)
+    w = ink.reshape(len(x), side, side)
+    rows, cols = np.mgrid[0:side, 0:side]
+    mass = np.maximum(w.sum((1, 2)), 1e-12)
+    cy = (w * rows).sum((1, 2)) / mass
+    cx = (w * cols).sum((1, 2)) / mass
+    dy, dx = rows[None] - cy[:, None, None], cols[None] - cx[:, None, None]
+    mu11 = (w * dx * dy).sum((1, 2)) / mass
+    mu02 = (w * dy * dy).sum((1, 2)) / mass
+    return {"ink_darkness": darkness, "ink_fraction": inked.mean(1), "slant": mu11 / np.maximum(mu02, 1e-12)}
+
+
+def writer_stats(store) -> pd.DataFrame:
+    """One row per client of a loaded store (:func:`mcfl.data.store.load`) with :data:`STATS`."""
+    rows = []
+    for i, cid in enumerate(store.client_ids):
+        x, y = store.train(i)
+        s = image_stats(x)
+        y = np.asarray(y)
+        p = np.bincount(y, minlength=store.n_classes) / max(len(y), 1)
+        nz = p[p > 0]
+        rows.append({"client": str(cid), **{k: float(v.mean()) for k, v in s.items()},
+                     "digits": float((y < 10).mean()), "upper": float(((y >= 10) & (y < 36)).mean()),
+                     "lower": float((y >= 36).mean()), "label_entropy": float(-(nz * np.log(nz)).sum()),
+                     "n_train": len(y)})
+    return pd.DataFrame(rows)
+
+
+def association(stats: pd.DataFrame, clusters: pd.Series) -> pd.DataFrame:
+    """eta2 and the Kruskal-Wallis p of each statistic across ``clusters`` (indexed like ``stats``)."""
+    from scipy.stats import kruskal
+
+    out = []
+    for k in STATS:
+        v = stats[k].to_numpy(dtype=float)
+        groups = [v[(clusters == c).to_numpy()] for c in sorted(clusters.unique())]
+        total = ((v - v.mean()) ** 2).sum()
+        between = sum(len(g) * (g.mean() - v.mean()) ** 2 for g in groups if len(g))
+        ok = [g for g in groups if len(g)]
+        p = float(kruskal(*ok).pvalue) if len(ok) > 1 and np.ptp(v) > 0 else np.nan
+        out.append({"stat": k, "eta2": between / total if total > 0 else np.nan, "kruskal_p": p})
+    return pd.DataFrame(out)
+
+
+def write(store_path: str | Path, run_dirs: list[str | Path], out: str | Path) -> pd.DataFrame:
+    """``<out>.csv`` (run, label, seed, stat, eta2, kruskal_p) and ``<out>.md`` from clustered runs."""
+    from mcfl.data.store import load
+
+    stats = writer_stats(load(store_path))
+    rows, means = [], {}
+    for d in run_dirs:
+        m = read_run(d)
+        a = pd.read_csv(Path(d) / "assignments.csv", dtype={"client": str})
+        if a["cluster"].isna().all():
+            continue
+        merged = stats.merge(a[["client", "cluster"]], on="client", how="inner")
+        assoc = association(merged, merged["cluster"])
+        rows += [{"label": m["label"], "seed": m["seed"], **r} for r in assoc.to_dict("records")]
+        if m["label"] not in means or m["seed"] < means[m["label"]][0]:
+            per = merged.groupby("cluster")[STATS].mean()
+            per.insert(0, "writers", merged.groupby("cluster").size())
+            means[m["label"]] = (m["seed"], per)
+    t = pd.DataFrame(rows, columns=["label", "seed", "stat", "eta2", "kruskal_p"])
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out.with_suffix(".csv")) as tmp:
+        t.round(6).to_csv(tmp, index=False)
+    write_text(out.with_suffix(".md"), to_markdown(t, means))
+    return t
+
+
+def to_markdown(t: pd.DataFrame, means: dict) -> str:
+    lines = ["# What the clusters of writers group by", "",
+             "Per-writer image statistics (mcfl.report.writers) against each clustered run's final "
+             "clusters: eta² = share of the statistic's variance between clusters (mean over seeds), "
+             "p = Kruskal-Wallis (median over seeds).", ""]
+    if t.empty:
+        return "\n".join(lines + ["No clustered run.", ""])
+    labels = list(dict.fromkeys(t["label"]))
+    g = t.groupby(["stat", "label"])
+    cell = lambda s, lab: f"{g.get_group((s, lab))['eta2'].mean():.2f} (p {g.get_group((s, lab))['kruskal_p'].median():.2g})"  # noqa: E731
+    lines.append(markdown_table(["statistic"] + [f"{lab} (seeds {g.get_group((STATS[0], lab))['seed'].nunique()})" for lab in labels],
+                                [[s] + [cell(s, lab) for lab in labels] for s in STATS]))
+    for lab, (seed, per) in means.items():
+        lines += [f"## {lab}, seed {seed}: mean of each statistic per cluster", "",
+                  markdown_table(["cluster", *per.columns],
+                                 [[c, *(f"{v:.3g}" for v in r)] for c, r in per.iterrows()])]
+    return "\n".join(lines)

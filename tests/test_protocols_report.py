@@ -1,0 +1,123 @@
+"""The issue-29 table (mcfl.report.protocols): hand-checkable numbers on made-up run directories, and
+the real-writer config's small variant end to end through the workflow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import binomtest
+
+from mcfl.report.protocols import table, write
+
+ROOT = Path(__file__).resolve().parents[1]
+FEMNIST_SAMPLE = ROOT.parent / "shared" / "data" / "femnist-leaf-sample"
+
+
+def fake_run(root: Path, label: str, seed: int, acc: float, hits: list[int] | None = None, **named) -> Path:
+    d = root / label / f"seed{seed}"
+    d.mkdir(parents=True)
+    final = {"micro_acc": acc, **{f"{k}/micro_acc": v for k, v in named.items()}}
+    (d / "metrics.json").write_text(json.dumps({"label": label, "seed": seed, "final": final,
+                                                "device": "cpu", "cpu": "AVX2", "threads": 1,
+                                                "torch": "2.x"}))
+    if hits is not None:
+        y = np.arange(len(hits)) % 3
+        pd.DataFrame({"y": y, "pred": np.where(np.asarray(hits) == 1, y, (y + 1) % 3)}).to_csv(
+            d / "predictions.csv", index=False)
+    return d
+
+
+def test_table_numbers_by_hand(tmp_path):
+    """Two seeds of FedAvg and FeSEM(2): paper value, mean ± std, paired difference, sign test on the
+    images only one of the two gets right (summed over seeds), and the named protocols' columns."""
+    runs = [fake_run(tmp_path, "FedAvg", 0, 0.80, [1, 1, 0, 0, 1], v1=0.85),
+            fake_run(tmp_path, "FedAvg", 1, 0.70, [1, 0, 0, 1, 1], v1=0.75),
+            fake_run(tmp_path, "FeSEM(2)", 0, 0.90, [1, 1, 1, 1, 0], v1=0.95),
+            fake_run(tmp_path, "FeSEM(2)", 1, 0.60, [1, 1, 1, 1, 1], v1=0.50)]
+    paper = [fake_run(tmp_path / "paper", "FeSEM(2)", 0, 0.5, v1=0.88)]
+    t = write(runs, tmp_path / "out" / "tab", paper_results=tmp_path / "nowhere")
+    assert t["paper_protocol_seeds"].tolist() == [0, 0]        # no such results directory: not run
+    from mcfl.report.protocols import load
+
+    t = table(load(runs), load(paper)).set_index("method")
+    fesem, fedavg = t.loc["FeSEM(2)"], t.loc["FedAvg"]
+    assert fedavg["paper_mean"] == 84.9 and fesem["paper_mean"] == 84.8          # FeSEM Table 2 (000)
+    assert fesem["standard_mean"] == pytest.approx(75.0) and fesem["standard_std"] == pytest.approx(np.std([90, 60], ddof=1))
+    assert fesem["v1_mean"] == pytest.approx(72.5)
+    assert fesem["paper_protocol_mean"] == pytest.approx(88.0) and fesem["paper_protocol_seeds"] == 1
+    # paired differences: seed 0 +10, seed 1 -10 points
+    assert fesem["diff_vs_ref_mean"] == pytest.approx(0.0) and fesem["diff_vs_ref_std"] == pytest.approx(np.std([10, -10], ddof=1))
+    # seed 0: only FeSEM images 2, 3; only FedAvg image 4. seed 1: only FeSEM images 1, 2.
+    assert (fesem["only_this"], fesem["only_ref"]) == (4, 1)
+    assert fesem["sign_p"] == pytest.approx(binomtest(4, 5, 0.5).pvalue)
+    assert pd.isna(fedavg["diff_vs_ref_mean"])
+    md = (tmp_path / "out" / "tab.md").read_text()
+    assert "| FeSEM(2) | 84.8 ± 1.1 | not run | 75.0 ± 21.2 |" in md and "`v1`" in md
+    assert "cpu (AVX2, 1 thread(s), torch 2.x)" in md
+
+
+def test_a_missing_reference_is_named(tmp_path):
+    runs = [fake_run(tmp_path, "FeSEM(2)", 0, 0.9)]
+    with pytest.raises(ValueError, match="no run labelled 'FedAvg'"):
+        write(runs, tmp_path / "t")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FEMNIST_SAMPLE.is_dir(), reason=f"no {FEMNIST_SAMPLE}")
+def test_femnist_sample_config_small_variant_end_to_end(tmp_path, cli_env):
+    """config/femnist-sample.yaml cut to one seed, FedAvg and FeSEM(2), 2 rounds: the real writers go
+    through prepare, centres, training with every named protocol, the report and the issue-29 table."""
+    import yaml
+
+    from test_workflow import snakemake
+
+    cfg = yaml.safe_load((ROOT / "config" / "femnist-sample.yaml").read_text())
+    cfg["seeds"] = [0]
+    cfg["datasets"]["femnist_sample"]["train"].update(rounds=2, eval_every=2, checkpoint_every=0)
+    cfg["methods"] = [{"method": "FedAvg"}, {"method": "FeSEM", "K": 2, "restarts": 2}]
+    cfg["figures"] = {"clusters": {"run": None}, "cases": {"run": None}}
+    cfg["protocols"]["out"] = "tables/femnist-sample"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    r = snakemake(tmp_path, cli_env, "--configfile", str(tmp_path / "c.yaml"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = pd.read_csv(tmp_path / "tables" / "femnist-sample.csv")
+    assert t["method"].tolist() == ["FedAvg", "FeSEM(2)"]
+    for col in ("standard_mean", "v1_mean", "v2_mean", "active_mean", "finetune_mean", "cluster_mean_mean"):
+        assert t[col].between(0, 100).all(), col
+    n_test = len(pd.read_csv(tmp_path / "results-femnist-sample" / "runs" / "femnist_sample" / "FedAvg"
+                             / "seed0" / "predictions.csv"))
+    assert n_test == 1685                                          # every test image of the 105 writers
+    assert t.loc[1, "only_this"] + t.loc[1, "only_ref"] <= n_test
+    assert "not run" in (tmp_path / "tables" / "femnist-sample.md").read_text()
+    clusters = pd.read_csv(tmp_path / "tables" / "femnist-sample-clusters.csv")
+    assert set(clusters["label"]) == {"FeSEM(2)"} and clusters["eta2"].between(0, 1).all()
+
+
+def test_image_stats_by_hand():
+    """A vertical bar has no slant, a diagonal bar x = y has slant 1; ink is measured from the
+    background whether the background is white (LEAF's FEMNIST) or black."""
+    from mcfl.report.writers import image_stats
+
+    vertical = np.zeros((28, 28))
+    vertical[4:24, 14] = 1.0
+    diagonal = np.zeros((28, 28))
+    diagonal[np.arange(4, 24), np.arange(4, 24)] = 0.8
+    diagonal[10, 10] = 1.0
+    s = image_stats(np.stack([vertical, 1 - vertical, diagonal]))
+    assert s["slant"] == pytest.approx([0.0, 0.0, 1.0], abs=1e-9)
+    assert s["ink_fraction"] == pytest.approx([20 / 784, 20 / 784, 20 / 784])
+    assert s["ink_darkness"] == pytest.approx([1.0, 1.0, (19 * 0.8 + 1.0) / 20])
+
+
+def test_association_eta2_is_one_when_clusters_split_a_statistic_and_zero_when_they_do_not():
+    from mcfl.report.writers import STATS, association
+
+    stats = pd.DataFrame({k: [1.0, 1.0, 5.0, 5.0] for k in STATS})
+    stats["slant"] = [0.1, 0.3, 0.1, 0.3]                  # the same spread in both clusters
+    a = association(stats, pd.Series([0, 0, 1, 1])).set_index("stat")
+    assert a.loc["ink_darkness", "eta2"] == pytest.approx(1.0)
+    assert a.loc["slant", "eta2"] == pytest.approx(0.0)
