@@ -11,6 +11,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
 export PATH := $(abspath $(BIN)):$(PATH)
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup reproduce test test-fast dry-run report clean femnist-sample-fedgsp femnist-sample-fedcg \
 	docs docs-check docs-serve docs-results lock

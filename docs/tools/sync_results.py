@@ -102,11 +102,11 @@ def readme_table(table_md: Path, results: Path) -> str:
 def update_readme(table_md: Path, results: Path) -> None:
     readme = ROOT / "README.md"
     text = readme.read_text()
-    pat = re.compile(r"(<!-- results-table:start -->\n).*?(\n<!-- results-table:end -->)", re.S)
+    pat = re.compile(r"(<!-- results-table:start -->\n)(?:.*?\n)?(<!-- results-table:end -->)", re.S)
     if not pat.search(text):
         print("README.md has no results-table markers; left as it is")
         return
-    readme.write_text(pat.sub(lambda m: m.group(1) + readme_table(table_md, results) + m.group(2), text))
+    readme.write_text(pat.sub(lambda m: m.group(1) + readme_table(table_md, results) + "\n" + m.group(2), text))
     print(f"{table_md} -> README.md (short table)")
 
 
