@@ -57,7 +57,7 @@ def test_include_hook(tmp_path):
     an optional include of a missing file leaves a note, a required one fails the build."""
     hooks = _load("hooks")
     (tmp_path / "results").mkdir()
-    (tmp_path / "results" / "x.md").write_text("<!-- generated -->\n# Title\n\n![f](x.png) [c](x.csv)\n")
+    (tmp_path / "results" / "x.md").write_text("<!-- a generator comment -->\n# Title\n\n![f](x.png) [c](x.csv)\n")
 
     class Page:
         class file:
@@ -66,7 +66,7 @@ def test_include_hook(tmp_path):
     cfg = {"docs_dir": str(tmp_path)}
     md = "a\n<!-- include: results/x.md shift=2 -->\n<!-- include?: results/none.md -->\n"
     out = hooks.on_page_markdown(md, Page, cfg, None)
-    assert "### Title" in out and "generated" not in out
+    assert "### Title" in out and "generator comment" not in out
     assert "![f](../results/x.png)" in out and "[c](../results/x.csv)" in out
     assert "Not generated yet" in out and "results/none.md" in out
     from mkdocs.exceptions import PluginError
