@@ -60,8 +60,9 @@ docs-results: setup
 	$(BIN)/python docs/tools/sync_results.py --results results
 
 # Regenerate requirements.lock from pyproject.toml, keeping every pin it already has unless a range
-# excludes it (uv; `pip install uv` first). Upgrade one package with UV_ARGS='-P name'.
+# excludes it (uv, installed into .venv on first use). Upgrade one package with UV_ARGS='-P name'.
 lock: setup
+	test -x $(BIN)/uv || $(BIN)/python -m pip install -q uv
 	$(BIN)/uv pip compile pyproject.toml --extra dev --extra docs -o requirements.lock \
 	  --python $(BIN)/python --no-emit-find-links --no-emit-index-url \
 	  --custom-compile-command 'make lock' $(UV_ARGS)
