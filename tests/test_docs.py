@@ -107,3 +107,14 @@ def test_docs_in_a_browser(built_site):
     problems, stats = check.check(built_site, chromium)
     assert not problems, problems
     assert stats["pages"] >= 20 and stats["images"] >= 10
+
+
+def test_every_results_file_is_on_a_page():
+    """docs/results/*.md are not pages of their own (mkdocs.yml excludes them): each must be
+    included by a page, or the site would not show it."""
+    pages = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md")
+                      if "results" not in p.relative_to(ROOT / "docs").parts)
+    included = set(re.findall(r"<!--\s*include\??:\s*(\S+)", pages))
+    for f in sorted((ROOT / "docs" / "results").glob("*.md")):
+        rel = f.relative_to(ROOT / "docs").as_posix()
+        assert rel in included, f"{rel} is included by no page: add `<!-- include: {rel} -->`"
