@@ -64,11 +64,13 @@ def test_include_hook(tmp_path):
             src_uri = "methods/fesem.md"
 
     cfg = {"docs_dir": str(tmp_path)}
-    md = "a\n<!-- include: results/x.md shift=2 -->\n<!-- include?: results/none.md -->\n"
+    md = ("a\n<!-- include: results/x.md shift=2 -->\n<!-- include?: results/none.md -->\n"
+          "```\n<!-- include: results/in-a-code-block.md -->\n```\n")
     out = hooks.on_page_markdown(md, Page, cfg, None)
     assert "### Title" in out and "generator comment" not in out
     assert "![f](../results/x.png)" in out and "[c](../results/x.csv)" in out
     assert "Not generated yet" in out and "results/none.md" in out
+    assert "<!-- include: results/in-a-code-block.md -->" in out      # shown, not included
     from mkdocs.exceptions import PluginError
     with pytest.raises(PluginError, match="none.md"):
         hooks.on_page_markdown("<!-- include: results/none.md -->", Page, cfg, None)
@@ -112,9 +114,17 @@ def test_docs_in_a_browser(built_site):
 def test_every_results_file_is_on_a_page():
     """docs/results/*.md are not pages of their own (mkdocs.yml excludes them): each must be
     included by a page, or the site would not show it."""
-    pages = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md")
-                      if "results" not in p.relative_to(ROOT / "docs").parts)
-    included = set(re.findall(r"<!--\s*include\??:\s*(\S+)", pages))
+    hooks = _load("hooks")
+    included = set()
+    for p in (ROOT / "docs").rglob("*.md"):
+        if "results" in p.relative_to(ROOT / "docs").parts:
+            continue
+        fenced = False
+        for line in p.read_text().splitlines():
+            fenced ^= bool(hooks.FENCE.match(line))
+            m = None if fenced else hooks.INCLUDE.match(line)
+            if m:
+                included.add(m.group("path"))
     for f in sorted((ROOT / "docs" / "results").glob("*.md")):
         rel = f.relative_to(ROOT / "docs").as_posix()
         assert rel in included, f"{rel} is included by no page: add `<!-- include: {rel} -->`"

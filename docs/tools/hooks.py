@@ -5,6 +5,7 @@ A page includes a file of ``docs/`` (a table the DAG wrote into ``docs/results/`
     <!-- include: results/celeba-sample.md -->      the file must exist (the build fails if not)
     <!-- include?: results/femnist-sample.md -->    optional: a note stands in until it exists
 
+(each alone on its line, outside code blocks).
 The file's headings are demoted by one level (``shift=N`` after the path changes that), and its
 relative links and images are rewritten relative to the including page, so a results file written
 for ``docs/results/`` (linking ``femnist-sample.png`` beside it) renders correctly anywhere. The
@@ -51,9 +52,11 @@ def _render(text: str, src_dir: str, page_dir: str, shift: int) -> str:
 def on_page_markdown(markdown, page, config, files, **kwargs):
     docs_dir = Path(config["docs_dir"])
     page_dir = posixpath.dirname(page.file.src_uri)
-    lines = []
+    lines, fenced = [], False
     for line in markdown.splitlines():
-        m = INCLUDE.match(line)
+        if FENCE.match(line):
+            fenced = not fenced
+        m = None if fenced else INCLUDE.match(line)
         if not m:
             lines.append(line)
             continue
