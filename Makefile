@@ -1,20 +1,27 @@
 # Two commands do everything on a fresh machine:
 #   make reproduce   set up .venv, then run the whole Snakemake DAG on config/config.yaml
 #   make test        set up .venv, then run the test suite
+# and three for the documentation site (docs/, mkdocs.yml):
+#   make docs        build it into site/ (MkDocs, strict: any warning fails)
+#   make docs-check  open every built page in headless Chromium: pages load, figures render, links resolve
+#   make docs-results  copy the DAG's tables and figures (results/) into docs/ and the README's table
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= all
 export PATH := $(abspath $(BIN)):$(PATH)
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup reproduce test test-fast dry-run report clean femnist-sample femnist-sample-paper femnist-sample-tune \
-        femnist-sample-fedgsp femnist-sample-fedcg
+.PHONY: setup reproduce test test-fast dry-run report clean femnist-sample femnist-sample-paper \
+	femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg docs docs-check docs-serve docs-results lock
 
-$(STAMP): pyproject.toml constraints.txt
+# requirements.lock pins every package (torch included) to the tested set: `make` installs exactly
+# that. `pip install -e .` alone installs from pyproject.toml's ranges and keeps a torch already there.
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]' -c constraints.txt
+	$(BIN)/python -m pip install -q -e '.[dev,docs]' -c requirements.lock
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -38,5 +45,27 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
+docs: setup
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-check: docs
+	$(BIN)/python docs/tools/docs_check.py site
+
+docs-serve: setup
+	$(BIN)/mkdocs serve
+
+# After `make reproduce`: the DAG's tables and figures into docs/results/, docs/figures/ and the
+# README's short table (docs/tools/sync_results.py says what goes where).
+docs-results: setup
+	$(BIN)/python docs/tools/sync_results.py --results results
+
+# Regenerate requirements.lock from pyproject.toml, keeping every pin it already has unless a range
+# excludes it (uv, installed into .venv on first use). Upgrade one package with UV_ARGS='-P name'.
+lock: setup
+	test -x $(BIN)/uv || $(BIN)/python -m pip install -q uv
+	$(BIN)/uv pip compile pyproject.toml --extra dev --extra docs -o requirements.lock \
+	  --python $(BIN)/python --no-emit-find-links --no-emit-index-url \
+	  --custom-compile-command 'make lock' $(UV_ARGS)
+
 clean:
-	rm -rf results logs .snakemake mlflow.db mlflow.db.*.lock mlartifacts report.html
+	rm -rf results logs .snakemake mlflow.db mlflow.db.*.lock mlartifacts report.html site

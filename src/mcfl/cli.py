@@ -1,4 +1,5 @@
 """The ``mcfl`` console script. Snakemake rules call these subcommands; so can you.
+The subcommands (each has its own ``--help``):
 
     mcfl prepare digits --out data/digits --clients 100 --alpha 0.5
     mcfl partition data/digits --out data/digits-iid --scheme iid   # re-deal a store's samples

@@ -1,0 +1,130 @@
+"""The README and the documentation site: the README stays short and its links resolve, the site
+builds with `mkdocs build --strict` (no warnings: broken links, missing anchors, missing pages or
+included results fail), and, where Chromium is installed, every built page loads in a headless
+browser with its figures rendered and its links resolving (`make docs-check`)."""
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / "docs" / "tools"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_is_short_and_its_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    for cmd in ("make reproduce", "make test", "make docs"):
+        assert cmd in text
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    for link in links:
+        if re.match(r"^[a-z]+:", link) or link.startswith("#"):
+            continue
+        assert (ROOT / link.split("#")[0]).exists(), f"README links to a missing file: {link}"
+
+
+def test_readme_table_is_the_dags(tmp_path):
+    """The README's short table is rewritten from results/table.md between its markers."""
+    sync = _load("sync_results")
+    table = tmp_path / "table.md"
+    table.write_text("| dataset | partition | method | seeds | micro acc | micro F1 | macro acc | macro F1 | ARI |\n"
+                     "|---|---|---|---|---|---|---|---|---|\n"
+                     "| digits | natural | FedAvg | 3 | 73.7 ± 2.8 | 1 | 74.7 ± 2.8 | 1 |  |\n"
+                     "| digits | natural | FeSEM(4) | 3 | 70.8 ± 2.6 | 1 | 70.1 ± 3.2 | 1 | 0.009 ± 0.011 |\n")
+    out = sync.readme_table(table, tmp_path)
+    assert "| digits | FedAvg | 73.7 ± 2.8 | 74.7 ± 2.8 |  |" in out
+    assert "| digits | FeSEM(4) | 70.8 ± 2.6 | 70.1 ± 3.2 | 0.009 ± 0.011 |" in out
+    readme = (ROOT / "README.md").read_text()
+    assert "<!-- results-table:start -->" in readme and "<!-- results-table:end -->" in readme
+
+
+def test_include_hook(tmp_path):
+    """Included results files: headings demoted, relative links rebased to the including page,
+    an optional include of a missing file leaves a note, a required one fails the build."""
+    hooks = _load("hooks")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "x.md").write_text("<!-- a generator comment -->\n# Title\n\n![f](x.png) [c](x.csv)\n")
+
+    class Page:
+        class file:
+            src_uri = "methods/fesem.md"
+
+    cfg = {"docs_dir": str(tmp_path)}
+    md = ("a\n<!-- include: results/x.md shift=2 -->\n<!-- include?: results/none.md -->\n"
+          "```\n<!-- include: results/in-a-code-block.md -->\n```\n")
+    out = hooks.on_page_markdown(md, Page, cfg, None)
+    assert "### Title" in out and "generator comment" not in out
+    assert "![f](../results/x.png)" in out and "[c](../results/x.csv)" in out
+    assert "Not generated yet" in out and "results/none.md" in out
+    assert "<!-- include: results/in-a-code-block.md -->" in out      # shown, not included
+    from mkdocs.exceptions import PluginError
+    with pytest.raises(PluginError, match="none.md"):
+        hooks.on_page_markdown("<!-- include: results/none.md -->", Page, cfg, None)
+
+
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory):
+    pytest.importorskip("mkdocs", reason="the [docs] extra is not installed")
+    site = tmp_path_factory.mktemp("site")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                       cwd=ROOT, capture_output=True, text=True, env={**__import__("os").environ,
+                                                                       "NO_MKDOCS_2_WARNING": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    warnings = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("WARNING")]
+    assert not warnings, warnings
+    return site
+
+
+def test_docs_build_strict(built_site):
+    for page in ("index.html", "quickstart.html", "data.html", "methods/fesem.html",
+                 "methods/fedcg.html", "methods/fedgsp.html", "reproducing.html", "cluster.html",
+                 "performance.html", "reliability.html", "api/algorithms.html"):
+        assert (built_site / page).exists(), page
+    fesem = (built_site / "methods" / "fesem.html").read_text()
+    assert "FeSEM(4)" in fesem and "celeba_sample" in fesem   # included results tables
+    assert "mcfl.algorithms.fesem" in (built_site / "api" / "algorithms.html").read_text()
+
+
+@pytest.mark.slow
+def test_docs_in_a_browser(built_site):
+    pytest.importorskip("playwright", reason="the [docs] extra is not installed")
+    check = _load("docs_check")
+    chromium = check.find_chromium()
+    if chromium is None:
+        pytest.skip("no Chromium installed (apt-get install chromium)")
+    problems, stats = check.check(built_site, chromium)
+    assert not problems, problems
+    assert stats["pages"] >= 20 and stats["images"] >= 10
+
+
+def test_every_results_file_is_on_a_page():
+    """docs/results/*.md are not pages of their own (mkdocs.yml excludes them): each must be
+    included by a page, or the site would not show it."""
+    hooks = _load("hooks")
+    included = set()
+    for p in (ROOT / "docs").rglob("*.md"):
+        if "results" in p.relative_to(ROOT / "docs").parts:
+            continue
+        fenced = False
+        for line in p.read_text().splitlines():
+            fenced ^= bool(hooks.FENCE.match(line))
+            m = None if fenced else hooks.INCLUDE.match(line)
+            if m:
+                included.add(m.group("path"))
+    for f in sorted((ROOT / "docs" / "results").glob("*.md")):
+        rel = f.relative_to(ROOT / "docs").as_posix()
+        assert rel in included, f"{rel} is included by no page: add `<!-- include: {rel} -->`"
