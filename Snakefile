@@ -29,6 +29,7 @@ include: "workflow/rules/fedgsp.smk"
 include: "workflow/rules/select_k.smk"
 include: "workflow/rules/fedcg.smk"
 include: "workflow/rules/protocols.smk"
+include: "workflow/rules/publish.smk"
 include: "workflow/rules/track.smk"
 
 

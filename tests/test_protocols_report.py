@@ -121,3 +121,19 @@ def test_association_eta2_is_one_when_clusters_split_a_statistic_and_zero_when_t
     a = association(stats, pd.Series([0, 0, 1, 1])).set_index("stat")
     assert a.loc["ink_darkness", "eta2"] == pytest.approx(1.0)
     assert a.loc["slant", "eta2"] == pytest.approx(0.0)
+
+
+def test_publish_copies_the_table_and_figures_with_their_provenance(tmp_path):
+    from mcfl.report.publish import publish
+
+    runs = [fake_run(tmp_path / "res" / "runs", "FedAvg", s, 0.8) for s in (0, 1)]
+    res = tmp_path / "res"
+    (res / "figures").mkdir()
+    (res / "table.md").write_text("| method | acc |\n|---|---|\n| FedAvg | 80.0 |\n")
+    (res / "figures" / "convergence_x.png").write_bytes(b"png")
+    page = publish(res, runs, tmp_path / "docs" / "results" / "study", "config/x.yaml", "Study")
+    text = page.read_text()
+    assert text.startswith("# Study") and "| FedAvg | 80.0 |" in text
+    assert "2 runs on cpu" in text and "CPU kernels AVX2" in text and "`config/x.yaml`" in text
+    assert "![convergence_x](../figures/dag/study/convergence_x.png)" in text
+    assert (tmp_path / "docs" / "figures" / "dag" / "study" / "convergence_x.png").read_bytes() == b"png"

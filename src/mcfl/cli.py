@@ -262,6 +262,13 @@ def _cmd_report_protocols(a) -> int:
     return 0
 
 
+def _cmd_publish(a) -> int:
+    from mcfl.report.publish import publish
+
+    publish(Path(a.results), [Path(p) for p in a.runs], Path(a.out), a.config, a.title)
+    return 0
+
+
 def _cmd_report_writers(a) -> int:
     from mcfl.report.writers import write
 
@@ -395,6 +402,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", required=True, help="the runs' prepared store")
     p.add_argument("--out", required=True, help="output path without suffix")
     p.add_argument("runs", nargs="+", help="run directories (metrics.json, assignments.csv)")
+    p = sub.add_parser("publish", help="copy a report (table.md, figures/) into the docs with its provenance")
+    p.add_argument("--results", required=True, help="the config's results directory")
+    p.add_argument("--out", required=True, help="page path without suffix, e.g. docs/results/NAME")
+    p.add_argument("--config", required=True, help="the config file named on the page")
+    p.add_argument("--title", required=True)
+    p.add_argument("runs", nargs="+", help="the run directories of the report")
     return ap
 
 
@@ -403,7 +416,7 @@ COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods
             "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
             "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,
             "report-fedcg": _cmd_report_fedcg, "report-protocols": _cmd_report_protocols,
-            "report-writers": _cmd_report_writers, "track": _cmd_track, **leaf_cli.COMMANDS}
+            "report-writers": _cmd_report_writers, "publish": _cmd_publish, "track": _cmd_track, **leaf_cli.COMMANDS}
 
 
 def _terminate(signum, frame):
