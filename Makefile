@@ -37,5 +37,11 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# The rule files: formatted (snakefmt) and clean under `snakemake --lint` (see .ci/lint-snakemake)
+.PHONY: lint
+lint: setup
+	$(BIN)/snakefmt --check .
+	.ci/lint-snakemake config/config.yaml config/femnist-sample-fedgsp.yaml
+
 clean:
 	rm -rf results logs .snakemake mlflow.db mlflow.db.*.lock mlartifacts report.html
