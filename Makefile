@@ -67,5 +67,11 @@ lock: setup
 	  --python $(BIN)/python --no-emit-find-links --no-emit-index-url \
 	  --custom-compile-command 'make lock' $(UV_ARGS)
 
+# The rule files: formatted (snakefmt) and clean under `snakemake --lint` (see .ci/lint-snakemake)
+.PHONY: lint
+lint: setup
+	$(BIN)/snakefmt --check .
+	.ci/lint-snakemake config/config.yaml config/femnist-sample-fedgsp.yaml
+
 clean:
 	rm -rf results logs .snakemake mlflow.db mlflow.db.*.lock mlartifacts report.html site

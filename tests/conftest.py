@@ -37,10 +37,11 @@ def cli_env(tmp_path):
 
 
 def make_run(dataset="digits", method="FedAvg", params=None, seed=0, model=None, **train):
-    """A run dict as `expand_runs` makes it, for tests."""
-    t = {"rounds": 3, "clients_per_round": None, "lr": 0.1, "batch_size": 5, "local_epochs": 1,
-         "local_steps": None, "eval_every": 1, "finetune_epochs": 0, "checkpoint_every": 0}
-    t.update(train)
+    """A run dict as `expand_runs` makes it, for tests: the schema's defaults (what validation fills
+    in), short and small, with ``train`` overriding any."""
+    from mcfl.trainspec import FILLED
+
+    t = {**FILLED, "rounds": 3, "lr": 0.1, "batch_size": 5, "eval_every": 1, "checkpoint_every": 0, **train}
     params = dict(params or {})
     label = f"{method}({params['K']})" if "K" in params else method
     return {"dataset": dataset, "method": method, "label": label,

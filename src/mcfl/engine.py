@@ -36,6 +36,7 @@ from torch import nn
 from mcfl.data.store import FederatedData
 from mcfl.errors import DivergenceError  # noqa: F401 (re-exported)
 from mcfl.streams import derive_seed  # noqa: F401 (re-exported)
+from mcfl.trainspec import DEFAULTS, TrainSpec
 
 
 def generator(*key: int) -> torch.Generator:
@@ -173,10 +174,16 @@ class LocalSpec:
     most this L2 norm, as ``torch.nn.utils.clip_grad_norm_`` does (None = no clipping)."""
 
     lr: float
-    batch_size: int = 10
-    epochs: int = 1
+    batch_size: int = DEFAULTS["batch_size"]
+    epochs: int = DEFAULTS["local_epochs"]
     steps: int | None = None
     max_grad_norm: float | None = None
+
+    @classmethod
+    def of(cls, train: TrainSpec) -> LocalSpec:
+        """The local update of a run's train settings."""
+        return cls(lr=float(train.lr), batch_size=int(train.batch_size), epochs=int(train.local_epochs),
+                   steps=train.local_steps, max_grad_norm=train.max_grad_norm)
 
     def __post_init__(self):
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:

@@ -143,6 +143,6 @@ def evaluate_protocol(p: Protocol, algo, state, fed, rnd: int) -> dict[str, floa
     return out
 
 
-def protocols(tcfg: dict) -> dict[str, Protocol]:
-    """The run's named protocols (``train.eval_protocols``), checked."""
-    return {name: Protocol(**spec) for name, spec in (tcfg.get("eval_protocols") or {}).items()}
+def protocols(specs: dict | None) -> dict[str, Protocol]:
+    """The run's named protocols (its ``train.eval_protocols``), checked."""
+    return {name: Protocol(**spec) for name, spec in (specs or {}).items()}

@@ -24,6 +24,7 @@ from mcfl.data.store import FederatedData
 from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer
 from mcfl.streams import MODEL, SERVER, STREAM, derive_seed
 from mcfl.executors import make_trainer
+from mcfl.trainspec import TrainSpec
 
 
 
@@ -88,7 +89,7 @@ def build_model(model_cfg: dict, data: FederatedData) -> torch.nn.Module:
     return models.build(model_cfg["name"], data.x_shape, data.n_classes, **kwargs)
 
 
-def build_federation(data: FederatedData, model_cfg: dict, train_cfg: dict, seed: int,
+def build_federation(data: FederatedData, model_cfg: dict, train_cfg: dict | TrainSpec, seed: int,
                      device: str | torch.device = "cpu", inputs: dict | None = None) -> Federation:
     """Everything an algorithm needs, from a store and the run's model/train settings."""
     device = torch.device(device)
@@ -96,10 +97,7 @@ def build_federation(data: FederatedData, model_cfg: dict, train_cfg: dict, seed
     models.init_weights(module, derive_seed(seed, MODEL))
     flat = FlatModel(module, device)
     dev = DeviceData(data, device)
-    spec = LocalSpec(lr=float(train_cfg["lr"]), batch_size=int(train_cfg["batch_size"]),
-                     epochs=int(train_cfg["local_epochs"]), steps=train_cfg.get("local_steps"),
-                     max_grad_norm=train_cfg.get("max_grad_norm"))
-    trainer = make_trainer(train_cfg.get("executor", "sequential"), flat, dev, spec, seed,
-                           chunk=train_cfg.get("executor_chunk"))
-    return Federation(data, dev, flat, trainer, int(seed), flat.get(), train_cfg.get("clients_per_round"),
+    t = TrainSpec.of(train_cfg)
+    trainer = make_trainer(t.executor, flat, dev, LocalSpec.of(t), seed, chunk=t.executor_chunk)
+    return Federation(data, dev, flat, trainer, int(seed), flat.get(), t.clients_per_round,
                       {k: Path(v) for k, v in (inputs or {}).items()})

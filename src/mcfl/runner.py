@@ -50,6 +50,7 @@ from mcfl.evaluation import evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
 from mcfl.io import OUTPUTS, atomic_path, config_hash, git_revision, remove_stale_temps, write_bytes, write_json
 from mcfl.timing import COLUMNS as TIME_COLUMNS, LocalClock
+from mcfl.trainspec import TrainSpec
 
 log = logging.getLogger("mcfl")
 
@@ -144,7 +145,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     warn_untested(data.path, data.client_ids, data.n_test())
     cls = algorithms.get(run["method"])
     params = cls.Params(**run["params"])
-    tcfg = run["train"]
+    tcfg = TrainSpec.of(run["train"])
     fed = build_federation(data, run["model"], tcfg, run["seed"], dev, inputs)
     algo = cls(fed, params)
     run_hash = config_hash({k: run[k] for k in ("dataset", "method", "params", "model", "train", "seed")})
@@ -161,9 +162,9 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
         state, start, rows = algo.init(), 1, []
     tracking_id = tracker.start(run, identity, resume_id=(ck or {}).get("tracking_id") or None,
                                 history=rows)
-    rounds, every = int(tcfg["rounds"]), int(tcfg["eval_every"])
-    evaluation_protocols = protocols(tcfg)
-    ck_every = int(tcfg.get("checkpoint_every") or 0) if ckpt_path else 0
+    rounds, every = int(tcfg.rounds), int(tcfg.eval_every)
+    evaluation_protocols = protocols(tcfg.eval_protocols)
+    ck_every = int(tcfg.checkpoint_every or 0) if ckpt_path else 0
     bar = _progress(range(start, rounds + 1), run, progress)
     clock = LocalClock(fed.trainer, fed.device)
     status = "FAILED"
@@ -177,7 +178,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
             row = {"round": r, **diag}
             t_eval = time.perf_counter()
             if r % every == 0 or r == rounds:
-                scores, pred = evaluate(algo, state, fed, finetune_epochs=int(tcfg.get("finetune_epochs", 0)),
+                scores, pred = evaluate(algo, state, fed, finetune_epochs=int(tcfg.finetune_epochs),
                                         rnd=r)
                 row.update(scores)
                 for name, proto in evaluation_protocols.items():     # the same model, scored again

@@ -1,26 +1,22 @@
 # The report copied into the documentation with its provenance (`publish:`; mcfl.report.publish).
 
-PUBLISH = config.get("publish")
-
-if PUBLISH:
+if P.publish:
 
     rule publish:
         input:
-            table=RES + "/table.md",
+            table=P.res("table.md"),
             figures=rules.report.output.figures,
-            runs=[d + "/metrics.json" for d in run_dirs()],
+            runs=P.run_outputs("metrics.json"),
         output:
-            PUBLISH["out"] + ".md",
+            P.publish["out"] + ".md",
         log:
-            LOGS + "/publish.log",
+            P.logs("publish.log"),
         params:
-            results=RES,
-            runs=run_dirs(),
-            out=PUBLISH["out"],
-            title=PUBLISH["title"],
+            results=P.results,
+            runs=P.run_dirs(),
+            out=P.publish["out"],
+            title=P.publish["title"],
             config=workflow.overwrite_configfiles[0] if workflow.overwrite_configfiles else "config/config.yaml",
         shell:
             "mcfl publish --results {params.results:q} --out {params.out:q} --config {params.config:q} "
             "--title {params.title:q} {params.runs:q} > {log:q} 2>&1"
-
-    EXTRA_TARGETS.append(rules.publish.output[0])

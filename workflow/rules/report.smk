@@ -1,26 +1,27 @@
-# Tables and figures from the runs' own output files.
+# Tables and figures from the configured runs' own output files (FedGSP's sweep runs feed only its
+# own figures: mcfl.plan.Plan.configured).
 
 
 rule report:
     input:
-        [d + "/metrics.json" for d in run_dirs()],
+        P.run_outputs("metrics.json"),
     output:
-        table=report(RES + "/table.csv", caption="../report/table.rst", category="Tables"),
-        markdown=RES + "/table.md",
-        paper=RES + "/paper_comparison.md",
-        paper_csv=RES + "/paper_comparison.csv",
+        table=report(P.res("table.csv"), caption="../report/table.rst", category="Tables"),
+        markdown=P.res("table.md"),
+        paper=P.res("paper_comparison.md"),
+        paper_csv=P.res("paper_comparison.csv"),
         figures=report(
-            expand(RES + "/figures/convergence_{dataset}.png", dataset=list(config["datasets"])),
+            [P.res(f"figures/convergence_{d}.png") for d in config["datasets"]],
             caption="../report/convergence.rst",
             category="Figures",
         ),
     log:
-        LOGS + "/report.log",
+        P.logs("report.log"),
     benchmark:
-        RES + "/benchmarks/report.tsv"
+        P.res("benchmarks/report.tsv")
     params:
-        runs=lambda w, input: [os.path.dirname(f) for f in input],
+        runs=P.input_dirs,
         sources=[f"{d}={ds['prepare']['source']}" for d, ds in config["datasets"].items()],
-        out=RES,
+        out=lambda w: RES,
     shell:
         "mcfl report --out {params.out:q} {params.runs:q} --sources {params.sources:q} > {log:q} 2>&1"

@@ -2,37 +2,30 @@
 # changed value reruns exactly the affected jobs and what depends on them.
 
 
-def train_inputs(w):
-    inputs = {"store": store(w.dataset), **k_input(w)}
-    if run_of(w)["needs_centres"]:
-        inputs["centres"] = init_path(run_of(w))
-    return inputs
-
-
 rule train:
     input:
-        unpack(train_inputs),
+        unpack(P.train_inputs),
     output:
-        metrics=RUN_DIR + "/metrics.json",
-        history=RUN_DIR + "/history.csv",
-        assignments=RUN_DIR + "/assignments.csv",
-        predictions=RUN_DIR + "/predictions.csv",
-        state=RUN_DIR + "/state.pt",
+        metrics=P.run_file("metrics"),
+        history=P.run_file("history"),
+        assignments=P.run_file("assignments"),
+        predictions=P.run_file("predictions"),
+        state=P.run_file("state"),
     log:
-        LOGS + "/train/{dataset}/{run}/seed{seed}.log",
+        P.logs("train/{dataset}/{run}/seed{seed}.log"),
     benchmark:
-        RES + "/benchmarks/train/{dataset}/{run}/seed{seed}.tsv"
-    params:
-        run=run_json,
-        centres=lambda w, input: ["--centres", input.centres] if "centres" in input.keys() else [],
-        checkpoint=lambda w: f"{RES}/checkpoints/{w.dataset}/{w.run}/seed{w.seed}.pt",
-        tracking="--tracking" if config["tracking"] is True else "--no-tracking",
-        device=config["device"],
-        k=k_flag,
+        P.res("benchmarks/train/{dataset}/{run}/seed{seed}.tsv")
     threads: 1
     resources:
         gpu=GPU,
+    params:
+        run=P.run_json,
+        centres=P.centres_flag,
+        checkpoint=P.checkpoint,
+        tracking=P.tracking_flag(),
+        device=config["device"],
+        k=P.k_flag,
     shell:
         "mcfl train --run {params.run:q} --store {input.store:q} {params.centres:q} {params.k:q} "
-        "--out \"$(dirname {output.metrics:q})\" --checkpoint {params.checkpoint:q} {params.tracking:q} "
+        '--out "$(dirname {output.metrics:q})" --checkpoint {params.checkpoint:q} {params.tracking:q} '
         "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1"

@@ -7,10 +7,7 @@ centres with the options :func:`centre_options` names.
 from __future__ import annotations
 
 from mcfl.io import config_hash
-
-#: the training settings a clustered run's initial centres depend on (the clients' first local models)
-INIT_TRAIN_KEYS = ("lr", "batch_size", "local_epochs", "local_steps", "max_grad_norm", "executor",
-                   "executor_chunk")
+from mcfl.trainspec import TrainSpec
 
 
 def centre_options(params) -> dict:
@@ -29,7 +26,8 @@ def centre_spec(run: dict) -> dict:
     Runs with equal specs (in the default config FeSEM(3), FeSEM-MA(3), Robust(3), HypoCluster(3))
     share one ``init_centres`` job and file."""
     return {"dataset": run["dataset"], "seed": run["seed"], "model": run["model"],
-            "train": {k: v for k, v in run["train"].items() if k in INIT_TRAIN_KEYS},
+            # the settings of the local update that makes the clients' first models
+            "train": {k: v for k, v in run["train"].items() if k in TrainSpec.LOCAL_KEYS},
             "K": run["params"]["K"], **centre_options(run["params"])}
 
 

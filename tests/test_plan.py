@@ -1,0 +1,157 @@
+"""The workflow's planning (mcfl.plan): which runs, stores, centre files, K selections, sweep runs,
+job settings and paths a config yields; and the rule files hold rules only (no planning logic)."""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import ROOT
+from mcfl.cluster.spec import centre_key
+from mcfl.config import ConfigError, expand_runs, read_yaml, validate
+from mcfl.plan import Plan, run_key
+
+
+def _config(name="config.yaml", **over):
+    cfg = read_yaml(ROOT / "config" / name)
+    cfg.update(over)
+    return validate(cfg)
+
+
+def _small(**over):
+    """Two datasets prepared alike (one re-partitioned), FeSEM(2) and -MA(2) sharing centres."""
+    cfg = {"experiment": "t", "seeds": [0, 1], "results": "out", "data_dir": "store",
+           "datasets": {
+               "a": {"prepare": {"source": "digits_domains", "clients": 10, "seed": 0,
+                                 "unseen_copies": False, "angles": [0, 45]},
+                     "model": {"name": "digits_cnn"}, "train": {"rounds": 2}},
+               "b": {"prepare": {"source": "digits_domains", "clients": 10, "seed": 0,
+                                 "unseen_copies": False, "angles": [0, 45]},
+                     "partition": {"scheme": "iid", "clients": 5},
+                     "model": {"name": "digits_cnn"}, "train": {"rounds": 2}}},
+           "methods": [{"method": "FedAvg"}, {"method": "FeSEM", "K": 2}, {"method": "FeSEM-MA", "K": 2},
+                       {"method": "FeSEM", "K": "auto", "datasets": ["a"]}]}
+    cfg.update(over)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def default_plan():
+    return Plan(_config())
+
+
+def test_runs_are_the_expanded_runs_plus_the_sweep_points(default_plan):
+    p = default_plan
+    expanded = expand_runs(p.config)
+    assert list(p.configured) == [run_key(r) for r in expanded]
+    assert list(p.runs)[:len(expanded)] == list(p.configured)          # configured first, in order
+    sweeps = {run_key(r) for kind in ("heatmap", "kappa") for r in p.gsp_sweep(kind)}
+    assert len(p.sweeps["heatmap"]) == 6 and len(p.sweeps["kappa"]) == 2
+    assert set(p.runs) == set(p.configured) | sweeps
+    new = sweeps - set(p.configured)
+    assert new and all(k[1].startswith("FedGSP-") and k[2] == "0" for k in new)   # sweep_seeds: [0]
+    # the report's tables cover the configured runs; track records the sweep runs too
+    assert p.run_dirs() == [p.dir_of(r) for r in expanded]
+    assert len(p.run_dirs(p.runs.values())) == len(p.runs)
+    # FedGSP's table: the configured runs on its dataset, not the sweep points
+    assert {run_key(r) for r in p.gsp_main()} == {k for k in p.configured if k[0] == "digits_2class"}
+
+
+def test_paths(default_plan):
+    p = default_plan
+    assert p.log_dir == "logs" and p.logs("report.log") == "logs/report.log"
+    assert p.run_file("metrics") == "results/runs/{dataset}/{run}/seed{seed}/metrics.json"
+    assert p.run_file("state") == "results/runs/{dataset}/{run}/seed{seed}/state.pt"
+    assert p.run_file("history").endswith("/history.csv")
+    w = SimpleNamespace(dataset="digits", run="FeSEM-K2", seed="1")
+    assert p.checkpoint(w) == "results/checkpoints/digits/FeSEM-K2/seed1.pt"
+    assert p.gsp_out("cpd.png") == "results/fedgsp/digits_2class/cpd.png"
+    other = Plan(_config(results="results-x"))
+    assert other.log_dir == "results-x/logs"                 # an overlay never overwrites logs/
+    assert other.run_dir.startswith("results-x/runs/")
+    assert Plan(_config(results="./results")).log_dir == "logs"
+
+
+def test_stores_shared_and_partitioned():
+    p = Plan(validate(_small()))
+    assert p.raw_store("a") == p.raw_store("b") == "store/a"          # identical prepare: one store
+    assert p.store("a") == "store/a" and p.store("b") == "store/partitioned/b"
+    assert p.stores() == ["store/a", "store/partitioned/b"]
+    assert p.partition_args(SimpleNamespace(dataset="b"))[:2] == ["--scheme", "iid"]
+    assert "--clients" in p.partition_args(SimpleNamespace(dataset="b"))
+
+
+def test_prepare_args_spell_every_kind_of_value():
+    p = Plan(validate(_small()))
+    args = p.prepare_args(SimpleNamespace(dataset="a"))
+    assert args[0] == "digits_domains"
+    assert "--no-unseen-copies" in args                               # False -> --no-flag
+    i = args.index("--angles")
+    assert args[i:i + 4] == ["--angles", "0", "--angles", "45"]       # a list: the flag per value
+    assert "--raw-dir" not in args                                    # not a LEAF source
+    leaf = Plan(_config("paper-femnist.yaml"))
+    ds = next(iter(leaf.datasets))
+    args = leaf.prepare_args(SimpleNamespace(dataset=ds))
+    assert args[-2:] == ["--raw-dir", f"{leaf.data_dir}/raw/femnist"]
+
+
+def test_centre_files_one_per_distinct_spec_and_k_selection():
+    p = Plan(validate(_small()))
+    fesem = [r for r in p.runs.values() if r["method"] in ("FeSEM", "FeSEM-MA") and not r["select_k"]]
+    keys = {(r["dataset"], centre_key(r), str(r["seed"])) for r in fesem}
+    # FeSEM(2) and FeSEM-MA(2) share a centre file per (dataset, seed)
+    assert len(fesem) == 2 * len(keys)
+    assert set(p.inits) >= keys
+    auto = p.auto_k()
+    assert [(k[0], k[2]) for k in auto] == [("a", "0"), ("a", "1")]
+    w = SimpleNamespace(dataset="a", run=auto[0][1], seed="0")
+    assert p.k_input(w) == {"k": f"out/select_k/a/{auto[0][1]}/seed0.json"}
+    assert p.train_inputs(w)["k"] == p.k_input(w)["k"]
+    plain = SimpleNamespace(dataset="a", run="FedAvg", seed="0")
+    assert p.k_input(plain) == {} and p.train_inputs(plain) == {"store": "store/a"}
+    w2 = SimpleNamespace(dataset="b", run=fesem[-1]["run_id"], seed=str(fesem[-1]["seed"]))
+    centres = p.train_inputs(w2)["centres"]
+    assert centres == p.init_path(p.run(w2)) and centres.startswith("out/init/b/K2-")
+    inp = SimpleNamespace(keys=lambda: ["store", "centres", "k"], centres="c.pt", k="k.json")
+    assert p.centres_flag(None, inp) == ["--centres", "c.pt"] and p.k_flag(None, inp) == ["--k-from", "k.json"]
+    none = SimpleNamespace(keys=lambda: ["store"])
+    assert p.centres_flag(None, none) == [] and p.k_flag(None, none) == []
+
+
+def test_targets_follow_the_config(default_plan, capsys):
+    p = default_plan
+    t = p.targets()
+    assert "results/figures/clusters_digits.png" in t and "results/figures/cases_digits.png" in t
+    assert {"results/fedgsp/digits_2class/cpd.png", "results/fedgsp/digits_2class/heatmap.png",
+            "results/fedgsp/digits_2class/kappa.png", "results/fedcg/tables.md",
+            "results/mlflow_runs.tsv"} <= set(t)
+    assert "results/select_k.md" not in t                               # no `K: auto` here
+    assert p.fedcg_runs() and all("/digits_domains/" in d for d in p.fedcg_runs())
+    small = Plan(validate(_small(tracking=True)))
+    # FeSEM(2)'s cases on both datasets; no FeSEM(4) for the clusters figure (said on stderr)
+    assert small.targets() == ["out/figures/cases_a.png", "out/figures/cases_b.png", "out/select_k.md"]
+    assert "figures.clusters.run: no dataset has a run labelled 'FeSEM(4)'" in capsys.readouterr().err
+
+
+def test_leaf_downloads_must_agree():
+    cfg = _config("paper-femnist.yaml")
+    p = Plan(cfg)
+    assert p.download_args(SimpleNamespace(source="femnist")) == ["--source", "https://s3.amazonaws.com/nist-srd/SD19"]
+    assert p.download_dir(SimpleNamespace(source="femnist")) == f"{p.data_dir}/raw/femnist"
+    assert "femnist" in p.download_constraints()["source"].split("|")
+    w = SimpleNamespace(dataset="femnist")
+    assert p.raw_inputs(w) and all(f.startswith(f"{p.data_dir}/raw/femnist/") for f in p.raw_inputs(w))
+    bad = copy.deepcopy(cfg)
+    bad["datasets"]["twin"] = copy.deepcopy(bad["datasets"]["femnist"])
+    bad["datasets"]["twin"]["prepare"]["md5"] = ["x=0"]
+    with pytest.raises(ConfigError, match="must agree on origin and md5"):
+        Plan(bad).leaf_fetch_settings("femnist")
+
+
+def test_rule_files_declare_rules_only():
+    """The planning is in mcfl.plan: no rule file defines a function, so nothing in the DAG depends on
+    the order in which the Snakefile includes them."""
+    for f in sorted((ROOT / "workflow" / "rules").glob("*.smk")) + [ROOT / "Snakefile"]:
+        text = f.read_text()
+        assert "\ndef " not in text and not text.startswith("def "), f.name
+        assert "EXTRA_TARGETS +=" not in text and "EXTRA_TARGETS.append" not in text, f.name
