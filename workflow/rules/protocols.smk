@@ -15,7 +15,7 @@ if P.protocols:
             P.logs("protocols_table.log"),
         params:
             runs=P.run_dirs(),
-            out=P.protocols["out"],
+            out=lambda w: P.protocols["out"],
             reference=P.protocols["reference"],
             paper=P.protocols["paper_results"],
         shell:
@@ -36,6 +36,6 @@ if P.protocols and P.clustered_runs():
             P.logs("writer_clusters.log"),
         params:
             runs=P.clustered_runs(),
-            out=P.protocols["out"] + "-clusters",
+            out=lambda w: P.protocols["out"] + "-clusters",
         shell:
             "mcfl report-writers --store {input.store:q} --out {params.out:q} {params.runs:q} > {log:q} 2>&1"

@@ -12,9 +12,9 @@ if P.publish:
         log:
             P.logs("publish.log"),
         params:
-            results=P.results,
+            results=lambda w: P.results,
             runs=P.run_dirs(),
-            out=P.publish["out"],
+            out=lambda w: P.publish["out"],
             title=P.publish["title"],
             config=workflow.overwrite_configfiles[0] if workflow.overwrite_configfiles else "config/config.yaml",
         shell:
