@@ -13,7 +13,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]' -c constraints.txt
+	$(BIN)/python -m pip install -q -e '.[dev,slurm]' -c constraints.txt
 	touch $(STAMP)
 
 setup: $(STAMP)
