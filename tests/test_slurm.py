@@ -132,7 +132,7 @@ def _cancel_when_checkpointed(workdir: Path, proc, timeout=400):
     while not ckpt.exists():
         assert proc.poll() is None, "the Slurm run ended before the job to cancel checkpointed"
         assert time.time() - t0 < timeout, "no checkpoint"
-        time.sleep(0.2)
+        time.sleep(0.05)
     jobid = min(int(p.stem) for p in logs.glob("*.log"))
     subprocess.run(["scancel", str(jobid)], check=True)
     for _ in range(300):

@@ -40,7 +40,7 @@ cat > "$CONF" <<CONF
 $MARKER
 # state: $STATE
 ClusterName=mcfltest
-SlurmctldHost=$HOST
+SlurmctldHost=$HOST(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -69,7 +69,7 @@ InactiveLimit=0
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2
 $GRES_TYPES
-NodeName=$HOST CPUs=$CPUS RealMemory=$MEM $GRES_NODE State=UNKNOWN
+NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM $GRES_NODE State=UNKNOWN
 PartitionName=cpu Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 CONF
 if [ "$GPUS" -gt 0 ]; then
