@@ -229,6 +229,8 @@ def test_mlflow_server_holds_each_run_once(sweep, server):
     assert len(sweeps) == 1 and sweeps[0].info.status == "FINISHED"
     assert len(children) == 8, [r.data.tags.get("mlflow.runName") for r in children]
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {sweeps[0].info.run_id}
+    assert f"MLflow runs: {server.uri}/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning" \
+        in sweep["out"]
     names = sorted(r.data.tags["mlflow.runName"] for r in children)
     assert len(set(names)) == 8 and {r.info.status for r in children} == {"FINISHED"}
     for r in children:

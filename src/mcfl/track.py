@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -336,4 +337,16 @@ def init_sweep(experiment: str, name: str) -> str:
 
 
 def end_sweep(run_id: str, status: str) -> None:
-    _retry(_client().set_terminated, run_id, status)
+    """Mark the sweep run ended; with a tracking server, print the link to its runs table (the
+    *Model training* view: MLflow 3.17's UI otherwise opens the GenAI overview; docs/cluster.md)."""
+    client = _client()
+    _retry(client.set_terminated, run_id, status)
+    uri = tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        exp = _retry(client.get_run, run_id).info.experiment_id
+        print(f"MLflow runs: {runs_link(uri, exp)}", file=sys.stderr)
+
+
+def runs_link(uri: str, experiment_id: str) -> str:
+    """The UI's runs table of an experiment, in the *Model training* view."""
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
