@@ -41,24 +41,35 @@ def check_ui(uri: str, experiment: str, chromium: str, out: Path, n_runs: int = 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 2800, "height": 1100})
-        page.set_default_timeout(60_000)
-        # the bare experiment link (what `mlflow` prints after a run)
-        page.goto(f"{uri}/#/experiments/{exp.experiment_id}", wait_until="networkidle")
-        page.wait_for_timeout(1500)
+        page.set_default_timeout(120_000)         # a loaded 2-core machine renders slowly
+        # the bare experiment link (what `mlflow` prints after a run); not "networkidle": the app polls
+        page.goto(f"{uri}/#/experiments/{exp.experiment_id}")
+        expect(page.get_by_text(experiment).first).to_be_visible()
+        page.wait_for_timeout(3000)
         page.screenshot(path=str(shots[0]))
 
         page.goto(runs_url(uri, exp.experiment_id))
         page.reload()
-        expect(page.get_by_text("matching runs")).to_be_visible()
-        page.get_by_role("button", name="Columns", exact=True).click()
+        expect(page.get_by_text("matching runs")).to_be_visible(timeout=120_000)
+        columns = page.get_by_role("button", name="Columns", exact=True)
         search = page.get_by_placeholder("Search columns")
         for group, names in COLUMNS.items():
             for name in names:
-                search.fill(name)
-                page.wait_for_timeout(300)
-                title = page.locator("[class*=tree-title]", has_text=re.compile(rf"^{re.escape(name)}$"))
-                node = page.locator("[class*=tree-treenode]").filter(has=title).last
-                node.locator("[class*=tree-checkbox]").first.click()
+                for attempt in range(4):     # the menu may close when the table re-renders: reopen
+                    try:
+                        if not search.is_visible():
+                            columns.click()
+                        search.fill(name, timeout=10_000)
+                        page.wait_for_timeout(500)
+                        title = page.locator("[class*=tree-title]",
+                                             has_text=re.compile(rf"^{re.escape(name)}$"))
+                        node = page.locator("[class*=tree-treenode]").filter(has=title).last
+                        node.locator("[class*=tree-checkbox]").first.click(timeout=10_000)
+                        break
+                    except Exception:  # noqa: BLE001 - playwright timeouts; retried
+                        if attempt == 3:
+                            page.screenshot(path=str(out / "mlflow-columns-failed.png"))
+                            raise
         page.keyboard.press("Escape")
         # the training runs are nested under the sweep's run: expand it
         page.locator(".ag-row button[class*=btn-icon-only]").first.click()
@@ -79,7 +90,7 @@ def check_ui(uri: str, experiment: str, chromium: str, out: Path, n_runs: int = 
             i = page.locator(".ag-row", has_text=name).first.get_attribute("row-index")
             page.locator(f".ag-row[row-index='{i}'] .ag-checkbox-input-wrapper").first.click()
         page.get_by_role("button", name=re.compile("^Compare")).click()
-        expect(page.get_by_text(re.compile(r"Comparing 2 [Rr]uns"))).to_be_visible()
+        expect(page.get_by_text(re.compile(r"Comparing 2 [Rr]uns"))).to_be_visible(timeout=120_000)
         page.wait_for_timeout(1500)
         text = page.inner_text("body")
         for k in ["micro_acc", "dataset", "seed", *pair]:
