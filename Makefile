@@ -21,7 +21,7 @@ export NO_MKDOCS_2_WARNING := 1
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,docs]' -c requirements.lock
+	$(BIN)/python -m pip install -q -e '.[dev,docs,slurm]' -c requirements.lock
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -63,7 +63,7 @@ docs-results: setup
 # excludes it (uv, installed into .venv on first use). Upgrade one package with UV_ARGS='-P name'.
 lock: setup
 	test -x $(BIN)/uv || $(BIN)/python -m pip install -q uv
-	$(BIN)/uv pip compile pyproject.toml --extra dev --extra docs -o requirements.lock \
+	$(BIN)/uv pip compile pyproject.toml --extra dev --extra docs --extra slurm -o requirements.lock \
 	  --python $(BIN)/python --no-emit-find-links --no-emit-index-url \
 	  --custom-compile-command 'make lock' $(UV_ARGS)
 

@@ -80,3 +80,44 @@ def test_workflow_records_runs_once_in_one_track_job(tmp_path, cli_env):
     assert snakemake(tmp_path, cli_env).returncode == 0
     runs = mlflow.search_runs(experiment_names=["wf-deferred"])
     assert (runs["tags.sweep"] != "true").sum() == 3                      # the first two not again
+
+
+def test_experiments_are_model_training_experiments(mlflow_uri):
+    """The `mlflow.experimentKind` tag on new experiments, and added to one made without it."""
+    from mlflow import MlflowClient
+
+    from mcfl.track import EXPERIMENT_TAGS, experiment_id
+
+    client = MlflowClient(mlflow_uri)
+    new = experiment_id(client, "new")
+    old = client.create_experiment("old")                      # as an older mcfl made it
+    assert experiment_id(client, "old") == old
+    for e in (new, old):
+        assert client.get_experiment(e).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert EXPERIMENT_TAGS == {"mlflow.experimentKind": "custom_model_development"}
+
+
+def test_unreachable_server_fails_naming_the_uri_or_defers(monkeypatch, digits_store, tmp_path):
+    import socket
+
+    from mcfl.track import MLflowTracker, Tracker, check_server, make_tracker
+
+    with socket.socket() as s:                                 # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MCFL_TRACKING_WAIT", "0")
+    with pytest.raises(ConnectionError, match=f"MLflow tracking server {uri} is unreachable.*defer"):
+        make_tracker(True, "exp")
+    assert type(make_tracker(False, "exp")) is Tracker           # untracked jobs never look
+    check_server("sqlite:///x.db")                               # no server, nothing to check
+    monkeypatch.setenv("MCFL_TRACKING_UNREACHABLE", "defer")
+    t = make_tracker(True, "exp")
+    assert type(t) is Tracker and not isinstance(t, MLflowTracker)
+    res = train(make_run(rounds=1), digits_store, tmp_path / "run", tracker=t, progress=False)
+    assert (tmp_path / "run" / "metrics.json").exists() and res["final"]["micro_acc"] > 0
+    # ... and recorded later from its files (`mcfl track`)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'later.db'}")
+    monkeypatch.chdir(tmp_path)
+    [(d, run_id)] = record_finished([tmp_path / "run"], "later")
+    assert d == str(tmp_path / "run") and run_id

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +38,12 @@ from typing import Any, Callable, Iterable
 
 log = logging.getLogger("mcfl")
 SWEEP_ENV = "MCFL_SWEEP_RUN_ID"
+# What a training job does when the tracking server does not answer: `fail` (default; the error names
+# the URI) or `defer` (train without tracking; record the run afterwards with `mcfl track`)
+UNREACHABLE_ENV = "MCFL_TRACKING_UNREACHABLE"
+# Tags every mcfl experiment carries: the MLflow UI opens a `custom_model_development` experiment on
+# its runs table ("Model training") instead of the GenAI overview
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def tracking_uri() -> str:
@@ -80,15 +87,48 @@ def _client():
 
 
 def experiment_id(client, name: str) -> str:
+    """The id of experiment ``name``, created if missing; tagged as a model-training experiment
+    (:data:`EXPERIMENT_TAGS`; an experiment made by an older mcfl gets the tags now)."""
     exp = _retry(client.get_experiment_by_name, name)
-    if exp is not None:
-        return exp.experiment_id
-    local = tracking_uri().startswith(("sqlite:", "file:"))     # a server keeps its own artifact store
-    try:
-        return _retry(client.create_experiment, name, artifact_location=(
-            (Path.cwd() / "mlartifacts").resolve().as_uri() if local else None))
-    except Exception:  # created concurrently by another process
-        return _retry(client.get_experiment_by_name, name).experiment_id
+    if exp is None:
+        local = tracking_uri().startswith(("sqlite:", "file:"))  # a server keeps its own artifact store
+        try:
+            return _retry(client.create_experiment, name, artifact_location=(
+                (Path.cwd() / "mlartifacts").resolve().as_uri() if local else None),
+                tags=EXPERIMENT_TAGS)
+        except Exception:  # created concurrently by another process
+            exp = _retry(client.get_experiment_by_name, name)
+    for k, v in EXPERIMENT_TAGS.items():
+        if exp.tags.get(k) != v:
+            _retry(client.set_experiment_tag, exp.experiment_id, k, v)
+    return exp.experiment_id
+
+
+def check_server(uri: str | None = None, wait: float | None = None) -> None:
+    """For an ``http(s)://`` tracking URI, wait up to ``wait`` seconds (``$MCFL_TRACKING_WAIT``,
+    default 30) for the server's ``/health`` to answer; raise :class:`ConnectionError` naming the
+    URI if it does not. Other stores (sqlite, file) need no server."""
+    import urllib.request
+
+    uri = uri or tracking_uri()
+    if not uri.startswith(("http://", "https://")):
+        return
+    wait = float(os.environ.get("MCFL_TRACKING_WAIT", 30) if wait is None else wait)
+    deadline, err = time.monotonic() + wait, None
+    while True:
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+                err = f"HTTP {r.status}"
+        except Exception as e:  # noqa: BLE001 - refused, timeout, DNS, HTTP error
+            err = str(e)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+    raise ConnectionError(
+        f"MLflow tracking server {uri} is unreachable ({err}). Start it (docs/cluster.md), or set "
+        f"{UNREACHABLE_ENV}=defer to train without it and record the run later with `mcfl track`")
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -208,7 +248,20 @@ class MLflowTracker(Tracker):
 
 
 def make_tracker(enabled: bool, experiment: str) -> Tracker:
-    return MLflowTracker(experiment) if enabled else Tracker()
+    """The job's tracker. With a tracking server (``http(s)://`` URI) that does not answer, the job
+    fails before training with a message naming the URI, or, with ``$MCFL_TRACKING_UNREACHABLE=defer``,
+    trains untracked (its files are the record: ``mcfl track RUN_DIR`` records it later)."""
+    if not enabled:
+        return Tracker()
+    try:
+        check_server()
+    except ConnectionError as e:
+        if os.environ.get(UNREACHABLE_ENV, "fail") != "defer":
+            raise
+        log.warning("%s; %s=defer: training without tracking, record the run later with "
+                    "`mcfl track`", e, UNREACHABLE_ENV)
+        return Tracker()
+    return MLflowTracker(experiment)
 
 
 RECORD_TAG = "mcfl_record"
@@ -274,7 +327,9 @@ def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tu
 
 
 def init_sweep(experiment: str, name: str) -> str:
-    """Create the store and experiment (once, before parallel jobs) and a parent run; return its id."""
+    """Create the store and experiment (once, before parallel jobs) and a parent run; return its id.
+    A tracking server that does not answer stops the sweep here, before any job is submitted."""
+    check_server()
     client = _client()
     exp = experiment_id(client, experiment)
     run = _retry(client.create_run, exp, tags={"mlflow.runName": name, "sweep": "true"})
@@ -282,4 +337,16 @@ def init_sweep(experiment: str, name: str) -> str:
 
 
 def end_sweep(run_id: str, status: str) -> None:
-    _retry(_client().set_terminated, run_id, status)
+    """Mark the sweep run ended; with a tracking server, print the link to its runs table (the
+    *Model training* view: MLflow 3.17's UI otherwise opens the GenAI overview; docs/cluster.md)."""
+    client = _client()
+    _retry(client.set_terminated, run_id, status)
+    uri = tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        exp = _retry(client.get_run, run_id).info.experiment_id
+        print(f"MLflow runs: {runs_link(uri, exp)}", file=sys.stderr)
+
+
+def runs_link(uri: str, experiment_id: str) -> str:
+    """The UI's runs table of an experiment, in the *Model training* view."""
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
