@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     if len(train) and not pd.isna(loop).all():
         train = train.assign(loop_s=loop, dataset=[j.split("/")[0] for j in train.job],
                              method=[j.split("/")[1] for j in train.job])
-        print(f"\ntraining jobs: wall = training loop (metrics.json wall_s) + start-up/tracking")
+        print("\ntraining jobs: wall = training loop (metrics.json wall_s) + start-up/tracking")
         print(f"{'dataset':<10} {'run':<10} {'jobs':>4} {'job s':>7} {'loop s':>7} {'other s':>7}")
         for (d, m), g in train.groupby(["dataset", "method"], sort=False):
             print(f"{d:<10} {m:<10} {len(g):>4} {g.s.mean():7.2f} {g.loop_s.mean():7.2f} "

@@ -1,6 +1,5 @@
 """Config validation stops bad input before any work, naming the key."""
 
-import copy
 
 import pytest
 import yaml

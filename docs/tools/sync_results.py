@@ -23,10 +23,11 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import re
 import shutil
 from pathlib import Path
+
+from mcfl.report.publish import cpu_model
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -39,16 +40,6 @@ README_ROWS = [
     ("digits_domains", "FedAvg"), ("digits_domains", "FedCG(3)"),
 ]
 README_COLUMNS = ["dataset", "method", "micro acc", "macro acc", "ARI"]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def provenance(results: Path, table: Path) -> str:
