@@ -16,7 +16,11 @@ if P.publish:
             runs=P.run_dirs(),
             out=lambda w: P.publish["out"],
             title=P.publish["title"],
-            config=workflow.overwrite_configfiles[0] if workflow.overwrite_configfiles else "config/config.yaml",
+            config=(
+                os.path.relpath(workflow.overwrite_configfiles[0])
+                if workflow.overwrite_configfiles
+                else "config/config.yaml"
+            ),
         shell:
             "mcfl publish --results {params.results:q} --out {params.out:q} --config {params.config:q} "
             "--title {params.title:q} {params.runs:q} > {log:q} 2>&1"
