@@ -22,6 +22,18 @@ def test_trimmed_mean_by_hand_and_against_scipy():
         assert np.allclose(trimmed_mean(torch.from_numpy(a), beta).numpy(), expect, atol=1e-6), (n, beta)
 
 
+@pytest.mark.parametrize("n", [3, 5, 10, 17, 33])
+def test_trimmed_mean_blocks_and_sorting_network_equal_a_full_sort(n):
+    """The blocked min/max network (n <= 32) and the blocked sort (n > 32) give exactly the values
+    of one torch.sort over all columns, ties included, whatever the block size."""
+    x = torch.from_numpy(np.random.default_rng(n).integers(-3, 4, size=(n, 101)).astype(np.float32))
+    for beta in (0.1, 0.2, 0.4, 0.5):
+        g = min(int(beta * n), (n - 1) // 2)
+        expect = torch.sort(x, dim=0).values[g:n - g].mean(0)
+        for block in (7, 64, 1 << 15):
+            assert torch.equal(trimmed_mean(x, beta, block=block), expect), (beta, block)
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 6])
 def test_trim_one_half_is_the_median(n):
     a = np.random.default_rng(n).normal(size=(n, 4)).astype(np.float32)

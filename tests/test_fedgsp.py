@@ -231,6 +231,14 @@ def test_ida_weights_are_normalised_inverse_distances_to_the_mean():
     assert ida_weights(W, 1, sizes=torch.tensor([1, 2, 3])).tolist() == pytest.approx([2 / 23, 12 / 23, 9 / 23])
 
 
+def test_ida_weights_over_column_blocks_equal_the_whole_vector_formula():
+    W = torch.randn(4, 23, generator=torch.Generator().manual_seed(0))
+    theta = W[:, :20].double()                       # the last 3 columns are not parameters
+    a = 1 / torch.linalg.vector_norm(theta - theta.mean(0), dim=1)
+    for block in (1, 6, 20, 1 << 16):
+        assert torch.allclose(ida_weights(W, 20, block=block), a / a.sum(), rtol=1e-12), block
+
+
 def test_ida_round_combines_local_models_with_ida_weights(digits_store):
     fed = fed_for(digits_store)
     algo = get("IDA")(fed, get("IDA").Params())

@@ -22,6 +22,12 @@ def test_blocked_sq_distances_equal_the_direct_formula():
     for block in (7, 300, 1 << 20):                      # ragged last block, several, one
         d = sq_distances(w, centres, sel, block=block)
         assert d.dtype == torch.float32 and torch.allclose(d.double(), exact, rtol=1e-6)
+    W = torch.randn(4, 1000, generator=g)                # rows: one (n, K) matrix
+    exact = ((W[:, None, sel].double() - centres[None, :, sel].double()) ** 2).sum(2)
+    for block in (7, 300, 1 << 20):
+        d = sq_distances(W, centres, sel, block=block)
+        assert d.shape == (4, 3) and torch.allclose(d.double(), exact, rtol=1e-6)
+        assert torch.allclose(d[2], sq_distances(W[2], centres, sel, block=block), rtol=1e-6)
 
 
 def test_countsketch_by_hand():

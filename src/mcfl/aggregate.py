@@ -39,24 +39,31 @@ def weighted_mean(models: Iterable[tuple[torch.Tensor, float]]) -> torch.Tensor:
 
 
 def sq_distances(w: torch.Tensor, centres: torch.Tensor, sel: slice, block: int = 1 << 20) -> torch.Tensor:
-    """||w[sel] - c_k[sel]||^2 for every centre k (FeSEM's Dist, Eq. 8). Computed over blocks of
-    about ``block`` entries (float64 across blocks), so the temporaries stay ~4 MB instead of two
-    K x |W| arrays (2 x 106 MB per client for K = 4 and the FEMNIST CNN)."""
-    c, v = centres[:, sel], w[sel]
-    step = max(1, block // len(c))
-    out = torch.zeros(len(c), dtype=torch.float64, device=w.device)
-    for a in range(0, v.numel(), step):
-        out += (c[:, a:a + step] - v[a:a + step]).square_().sum(1)
-    return out.to(w.dtype)
+    """||w[sel] - c_k[sel]||^2 for every centre k (FeSEM's Dist, Eq. 8): a (K,) tensor for one
+    model ``w`` (d,), an (n, K) one for the rows of ``w`` (n, d). Computed over blocks of about
+    ``block`` entries (float64 across blocks), so the temporaries stay ~4 MB instead of
+    n x K x |W| arrays (2 x 106 MB per client for K = 4 and the FEMNIST CNN)."""
+    c, v = centres[:, sel], w[..., sel]
+    rows = v[None] if v.dim() == 1 else v
+    step = max(1, block // (len(c) * len(rows)))
+    out = torch.zeros(len(rows), len(c), dtype=torch.float64, device=w.device)
+    for a in range(0, rows.shape[1], step):
+        out += (c[None, :, a:a + step] - rows[:, None, a:a + step]).square_().sum(2)
+    out = out.to(w.dtype)
+    return out[0] if v.dim() == 1 else out
 
 
 # ------------------------------------------------------------------ robust and clustered aggregation
-def trimmed_mean(x: torch.Tensor, beta: float) -> torch.Tensor:
+def trimmed_mean(x: torch.Tensor, beta: float, block: int = 1 << 15) -> torch.Tensor:
     """Coordinate-wise beta-trimmed mean of the rows of ``x`` (n, d) (Yin et al. 2018; Ghosh et al.
     2019): per coordinate, drop the floor(beta·n) smallest and the floor(beta·n) largest values and
     average the rest. ``beta = 0`` is the mean; ``beta = 0.5`` (or any beta that would drop every
     value) is the coordinate-wise median (the mean of the two middle values when n is even).
-    Equals ``scipy.stats.trim_mean(x, beta, axis=0)`` for beta < 0.5."""
+    Equals ``scipy.stats.trim_mean(x, beta, axis=0)`` for beta < 0.5.
+
+    Sorted over column blocks of ``block`` entries. For n <= 32 rows (a round's clients) the sort is
+    an odd-even transposition network of elementwise min/max (exact, the same values as
+    ``torch.sort``): about 8x faster than sorting 6.6M columns of 10 values each."""
     if not 0.0 <= beta <= 0.5:
         raise ValueError(f"trim fraction must be in [0, 0.5], got {beta}")
     n = x.shape[0]
@@ -67,7 +74,17 @@ def trimmed_mean(x: torch.Tensor, beta: float) -> torch.Tensor:
         g = (n - 1) // 2
     if g == 0:
         return x.mean(0)
-    return torch.sort(x, dim=0).values[g:n - g].mean(0)
+    out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
+    for a in range(0, x.shape[1], block):
+        if n > 32:
+            torch.mean(torch.sort(x[:, a:a + block], dim=0).values[g:n - g], 0, out=out[a:a + block])
+            continue
+        r = list(x[:, a:a + block])
+        for p in range(n):
+            for i in range(p % 2, n - 1, 2):
+                r[i], r[i + 1] = torch.minimum(r[i], r[i + 1]), torch.maximum(r[i], r[i + 1])
+        torch.mean(torch.stack(r[g:n - g]), 0, out=out[a:a + block])
+    return out
 
 
 def trimmed_kmeans(x: torch.Tensor, centres: torch.Tensor, beta: float, iters: int = 1,
@@ -82,7 +99,7 @@ def trimmed_kmeans(x: torch.Tensor, centres: torch.Tensor, beta: float, iters: i
     centres = centres.clone()
     labels = None
     for _ in range(max(1, iters)):
-        new = torch.cdist(x[:, sel], centres[:, sel]).argmin(1)
+        new = sq_distances(x, centres, sel).argmin(1)
         if labels is not None and torch.equal(new, labels):
             break
         labels = new

@@ -73,13 +73,14 @@ class FedCluster(Algorithm):
     def round(self, state: State, clients: np.ndarray, rnd: int):
         p, fed, P = self.p, self.fed, self.fed.model.n_params
         tasks = (Task(int(c), state.models[int(state.assign[c])]) for c in clients)
-        ids, updates, n, losses = [], [], [], []
-        for task, res in fed.trainer.run(tasks, rnd):
+        ids, n, losses = [], [], []
+        updates = torch.empty(len(clients), fed.model.size, device=fed.device)
+        for i, (task, res) in enumerate(fed.trainer.run(tasks, rnd)):
             ids.append(task.client)
-            updates.append(res.weights - task.start)
+            torch.sub(res.weights, task.start, out=updates[i])
             n.append(float(res.n_samples) if p.weighted else 1.0)
             losses.append(res.loss)
-        ids, updates, n = np.array(ids), torch.stack(updates), np.array(n)
+        ids, n = np.array(ids), np.array(n)
         norms = updates[:, :P].norm(dim=1)
         models, assign = list(state.models), state.assign.clone()
         splits, mean_norms = 0, []
@@ -88,19 +89,19 @@ class FedCluster(Algorithm):
             if not len(rows):
                 continue
             base = state.models[c]
-            mean_norm = float(_mean(updates[rows], n[rows])[:P].norm())
+            mean_norm = float(_mean(updates, rows, n)[:P].norm())
             mean_norms.append(mean_norm)
             if (rnd >= p.start_round and len(rows) >= p.min_split_size and mean_norm < p.eps1
                     and float(norms[rows].max()) > p.eps2):
                 side = bipartition(cosine_similarities(updates[rows, :P]).cpu().numpy(), p.linkage)
                 new = len(models)
-                models[c] = base + _mean(updates[rows[side == 0]], n[rows[side == 0]])
-                models.append(base + _mean(updates[rows[side == 1]], n[rows[side == 1]]))
+                models[c] = base + _mean(updates, rows[side == 0], n)
+                models.append(base + _mean(updates, rows[side == 1], n))
                 assign[torch.from_numpy(ids[rows[side == 1]])] = new
                 self._place_absent(assign, c, new, set(ids[rows].tolist()), models)
                 splits += 1
             else:
-                models[c] = base + _mean(updates[rows], n[rows])
+                models[c] = base + _mean(updates, rows, n)
         return State(torch.stack(models), assign), {
             "train_loss": float(np.mean(losses)), "clusters": len(models), "splits": splits,
             "mean_update_norm": max(mean_norms), "max_update_norm": float(norms.max())}
@@ -123,8 +124,9 @@ class FedCluster(Algorithm):
         return state.assign.numpy().copy()
 
 
-def _mean(x: torch.Tensor, w: np.ndarray) -> torch.Tensor:
+def _mean(x: torch.Tensor, rows: np.ndarray, w: np.ndarray) -> torch.Tensor:
+    """The ``w``-weighted mean of the rows ``rows`` of ``x`` (no copy of the selected rows)."""
     acc = WeightedSum(1, x.shape[1], x.device)
-    for row, a in zip(x, w):
-        acc.add(0, row, a)
+    for r in rows:
+        acc.add(0, x[r], w[r])
     return acc.mean(0)

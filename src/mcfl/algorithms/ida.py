@@ -38,11 +38,15 @@ class Params:
 
 
 def ida_weights(models: torch.Tensor, n_params: int, eps: float = 1e-12,
-                sizes: torch.Tensor | None = None) -> torch.Tensor:
+                sizes: torch.Tensor | None = None, block: int = 1 << 16) -> torch.Tensor:
     """alpha_k for the rows of ``models`` (m, |W|): inverse L2 distance of the parameters to their
     mean, optionally times ``sizes``, normalised to sum to 1."""
-    theta = models[:, :n_params].double()
-    d = torch.linalg.vector_norm(theta - theta.mean(0), dim=1).clamp_min(eps)
+    theta = models[:, :n_params]
+    d2 = torch.zeros(len(theta), dtype=torch.float64, device=theta.device)
+    for s in range(0, n_params, block):          # float64 over column blocks: no (m, |W|) copies
+        t = theta[:, s:s + block].double()
+        d2 += (t - t.mean(0)).square_().sum(1)
+    d = d2.sqrt().clamp_min(eps)
     a = 1.0 / d
     if sizes is not None:
         a = a * sizes.double()
@@ -71,7 +75,7 @@ class IDA(Algorithm):
         W = torch.stack(models)
         a = ida_weights(W, self.fed.model.n_params, self.p.eps,
                         torch.tensor(sizes) if self.p.samples else None)
-        w = (a.to(W.dtype).to(W.device)[:, None] * W).sum(0)
+        w = a.to(W.dtype).to(W.device) @ W
         return State(w), {"train_loss": float(np.mean(losses)), "ida_max_weight": float(a.max())}
 
     def eval_models(self, state: State):

@@ -70,12 +70,13 @@ class Robust(CentredAlgorithm):
             local.append(res.weights)
             losses.append(res.loss)
         local = torch.stack(local)
-        labels, _ = trimmed_kmeans(local, state.centres, p.centre_trim, p.lloyd_iters,
-                                   fed.model.select(p.distance))                 # step 2
-        centres = state.centres.clone()
-        for k in range(p.K):                                                    # step 3
-            if (labels == k).any():
-                centres[k] = trimmed_mean(local[labels == k], p.trim)
+        labels, centres = trimmed_kmeans(local, state.centres, p.centre_trim, p.lloyd_iters,
+                                         fed.model.select(p.distance))           # step 2
+        if p.trim != p.centre_trim:          # else TKM's last centres are step 3's trimmed means
+            centres = state.centres.clone()
+            for k in range(p.K):                                                # step 3
+                if (labels == k).any():
+                    centres[k] = trimmed_mean(local[labels == k], p.trim)
         assign = state.assign.clone()
         assign[torch.tensor(ids)] = labels.cpu()
         return State(centres, assign), {"train_loss": float(np.mean(losses)),
