@@ -8,7 +8,10 @@ overrides, FeSEM's ``local_steps: 1`` and the GSP methods' ``clients_per_round: 
 dropped), so the rows compare what each method's round costs. Each method runs side by side with FedAvg, both
 under both executors, their rounds interleaved (round r of the four runs, then round r + 1), so that
 load changes on a shared machine hit the four alike and the ratios compare like with like; the first ``--warmup`` rounds are not timed; the figure is the
-median. Initialisation (FeSEM's k-means centres, ...) and evaluation are not timed.
+median. Initialisation (FeSEM's k-means centres, ...) and evaluation are not timed. The last two
+columns split the batched round: seconds inside the local trainer (``mcfl.timing.LocalClock``:
+local SGD and gradients) and the rest (the server's work, and client-side inference outside local
+training such as HypoCluster's choice of hypothesis).
 
     python benchmarks/methods_round.py --leaf ../shared/data/femnist-leaf-sample/leaf-torch
     python benchmarks/methods_round.py --store /tmp/femnist-store --methods FedAvg,FeSEM-K3 --rounds 3
@@ -64,6 +67,7 @@ def time_methods(todo: list[tuple[str, dict]], data, model: dict, train: dict, s
     interleaved (round r of every run before round r + 1 of any)."""
     from mcfl import algorithms
     from mcfl.federation import build_federation
+    from mcfl.timing import LocalClock
 
     runs = []
     for method, params in todo:
@@ -72,15 +76,18 @@ def time_methods(todo: list[tuple[str, dict]], data, model: dict, train: dict, s
         for ex in ("sequential", "batched"):
             fed = build_federation(data, model, {**train, "executor": ex}, seed)
             algo = cls(fed, cls.Params(**params))
-            runs[-1][ex] = [algo, algo.init(), fed, []]
+            runs[-1][ex] = [algo, algo.init(), fed, [], LocalClock(fed.trainer), []]
     for r in range(1, warmup + rounds + 1):
         for run in (run for pair in runs for run in pair.values()):
-            algo, state, fed, wall = run
+            algo, state, fed, wall, clock, local = run
+            clock.reset()
             t = time.perf_counter()
             run[1], _ = algo.round(state, fed.clients(r), r)
             if r > warmup:
                 wall.append(time.perf_counter() - t)
-    return [{ex: statistics.median(run[3]) for ex, run in pair.items()} for pair in runs]
+                local.append(clock.seconds)
+    return [{**{ex: statistics.median(run[3]) for ex, run in pair.items()},
+             "batched_local": statistics.median(pair["batched"][5])} for pair in runs]
 
 
 def main(argv=None) -> int:
@@ -113,8 +120,10 @@ def main(argv=None) -> int:
               f"{args.clients} clients a round, 1 epoch, batch 10, lr {args.lr}; median of {args.rounds} "
               f"rounds after {args.warmup} warm-up, executors interleaved\n# {machine(torch.device('cpu'))}")
         print(f"| {'method':<14} | {'sequential s':>12} | {'batched s':>9} | {'seq / batched':>13} | "
-              f"{'seq / FedAvg seq':>16} | {'batched / FedAvg batched':>24} |")
-        print(f"|{'-' * 16}|{'-' * 14}|{'-' * 11}|{'-' * 15}|{'-' * 18}|{'-' * 26}|", flush=True)
+              f"{'seq / FedAvg seq':>16} | {'batched / FedAvg batched':>24} | {'batched: local s':>16} | "
+              f"{'batched: rest s':>15} |")
+        print(f"|{'-' * 16}|{'-' * 14}|{'-' * 11}|{'-' * 15}|{'-' * 18}|{'-' * 26}|{'-' * 18}|{'-' * 17}|",
+              flush=True)
         fedavg = todo[0][1:]
         for label, method, params in todo:         # each with FedAvg, interleaved: the ratios
             pair = [fedavg] if method == "FedAvg" else [fedavg, (method, params)]    # see the same load
@@ -122,7 +131,8 @@ def main(argv=None) -> int:
             base, t = times[0], times[-1]
             print(f"| {label:<14} | {t['sequential']:12.2f} | {t['batched']:9.2f} | "
                   f"{t['sequential'] / t['batched']:12.2f}x | {t['sequential'] / base['sequential']:15.2f}x | "
-                  f"{t['batched'] / base['batched']:23.2f}x |", flush=True)
+                  f"{t['batched'] / base['batched']:23.2f}x | {t['batched_local']:16.2f} | "
+                  f"{t['batched'] - t['batched_local']:15.2f} |", flush=True)
     return 0
 
 

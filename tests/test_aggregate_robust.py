@@ -32,6 +32,11 @@ def test_trimmed_mean_blocks_and_sorting_network_equal_a_full_sort(n):
         expect = torch.sort(x, dim=0).values[g:n - g].mean(0)
         for block in (7, 64, 1 << 15):
             assert torch.equal(trimmed_mean(x, beta, block=block), expect), (beta, block)
+        pad = torch.cat([x[:2] + 100, x, x[:1] - 100])       # rows= picks x out of a larger matrix
+        mask = torch.zeros(len(pad), dtype=torch.bool)
+        mask[2:2 + n] = True
+        assert torch.equal(trimmed_mean(pad, beta, block=64, rows=mask), expect), beta
+        assert torch.equal(trimmed_mean(pad, beta, rows=torch.arange(2, 2 + n)), expect), beta
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 6])

@@ -76,7 +76,7 @@ class Robust(CentredAlgorithm):
             centres = state.centres.clone()
             for k in range(p.K):                                                # step 3
                 if (labels == k).any():
-                    centres[k] = trimmed_mean(local[labels == k], p.trim)
+                    centres[k] = trimmed_mean(local, p.trim, rows=labels == k)
         assign = state.assign.clone()
         assign[torch.tensor(ids)] = labels.cpu()
         return State(centres, assign), {"train_loss": float(np.mean(losses)),
