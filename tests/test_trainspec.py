@@ -31,3 +31,16 @@ def test_of_fills_defaults_and_rejects_unknown_settings():
     local = LocalSpec.of(t)
     assert (local.lr, local.steps, local.batch_size, local.epochs) == (0.5, 3, DEFAULTS["batch_size"], 1)
     assert set(TrainSpec.LOCAL_KEYS) <= set(DEFAULTS)
+
+
+def test_schema_parsed_with_libyaml_is_the_pure_python_parse():
+    import yaml
+
+    from mcfl.config import _schema
+    from mcfl.trainspec import SCHEMA_PATH, read_schema
+
+    assert read_schema() == yaml.safe_load(SCHEMA_PATH.read_text())
+    a = read_schema()
+    a["$defs"]["train"]["properties"]["rounds"]["default"] = -1    # callers' edits stay theirs
+    assert read_schema() == yaml.safe_load(SCHEMA_PATH.read_text())
+    assert _schema()["$defs"]["method"]["properties"]["method"]["enum"]          # enums filled in

@@ -31,12 +31,19 @@ from pathlib import Path
 
 from mcfl.data.leaf import cli as leaf_cli
 
+#: the sub-commands whose options take imports to build (data sources, report modules), with their
+#: help: ``build_parser(commands)`` lists those not in ``commands`` with the help alone
+HEAVY = {"prepare": "prepare a dataset into a store",
+         "partition": "re-partition a store's samples into new clients",
+         "download": leaf_cli.DOWNLOAD_HELP,
+         "fedgsp": "FedGSP tables and figures (CPD, Table 1, heatmaps, kappa)"}
+
 
 def _add_source_parsers(sub) -> None:
     """``mcfl prepare SOURCE``: one sub-parser per data source, options from its signature."""
     from mcfl.data import SOURCES, source_fn
 
-    p = sub.add_parser("prepare", help="prepare a dataset into a store")
+    p = sub.add_parser("prepare", help=HEAVY["prepare"])
     srcs = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
     for name in sorted(SOURCES):
         fn = source_fn(name)
@@ -94,7 +101,7 @@ def _cmd_prepare(a) -> int:
 def _add_partition_parser(sub) -> None:
     from mcfl.data.repartition import DEFAULTS, SCHEMES
 
-    p = sub.add_parser("partition", help="re-partition a store's samples into new clients",
+    p = sub.add_parser("partition", help=HEAVY["partition"],
                        description="Write a new store from STORE with the samples dealt out by "
                                    "--scheme (see mcfl.data.repartition).")
     p.add_argument("store", help="prepared store to read")
@@ -189,7 +196,9 @@ def _cmd_train(a) -> int:
 
     from mcfl.config import parse_run
 
-    run = parse_run(json.dumps(_resolve_k(parse_run(a.run), a.k_from)))
+    run = parse_run(a.run)
+    if run["params"].get("K") == "auto":               # checked again with the K chosen
+        run = parse_run(json.dumps(_resolve_k(run, a.k_from)))
     tracker = make_tracker(a.tracking, run.get("experiment", "mcfl"))
     inputs = {"centres": a.centres} if a.centres else None
     res = train(run, a.store, a.out, inputs=inputs, tracker=tracker, device=a.device,
@@ -339,13 +348,24 @@ def _cmd_fedgsp(a) -> int:
     return main(a)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands=None) -> argparse.ArgumentParser:
+    """The ``mcfl`` parser. ``commands``: the sub-commands to build in full (default: all); the
+    others in :data:`HEAVY` are listed with their help only, so that a job does not import every
+    data source and report module to read its own options (``main`` builds the one it runs)."""
+    def full(name: str) -> bool:
+        if commands is None or name in commands:
+            return True
+        sub.add_parser(name, help=HEAVY[name])
+        return False
+
     ap = argparse.ArgumentParser(prog="mcfl", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-v", "--verbose", action="store_true")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    _add_source_parsers(sub)
-    _add_partition_parser(sub)
+    if full("prepare"):
+        _add_source_parsers(sub)
+    if full("partition"):
+        _add_partition_parser(sub)
     p = sub.add_parser("check-config", help="validate a config and list its runs")
     p.add_argument("config")
     sub.add_parser("methods", help="list algorithms and their hyperparameters")
@@ -381,11 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report-select-k", help="tabulate select-k results (select_k.csv/.md)")
     p.add_argument("--out", required=True)
     p.add_argument("files", nargs="+", help="select-k result files")
-    leaf_cli.add_parsers(sub)                       # download, import-leaf, export-leaf
+    leaf_cli.add_parsers(sub, download=full("download"))     # download, import-leaf, export-leaf
     _add_figure_parser(sub)
-    from mcfl.report.fedgsp import add_parser as add_fedgsp_parser
+    if full("fedgsp"):
+        from mcfl.report.fedgsp import add_parser as add_fedgsp_parser
 
-    add_fedgsp_parser(sub)
+        add_fedgsp_parser(sub, help=HEAVY["fedgsp"])
     p = sub.add_parser("report-fedcg", help="FedCG's ablation tables (Tables 3-5) from run directories")
     p.add_argument("--out", required=True, help="output directory (table3-5.csv, tables.md)")
     p.add_argument("runs", nargs="+", help="run directories of FedCG and FedAvg runs (metrics.json, "
@@ -425,10 +446,17 @@ def _terminate(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def _command(argv: list[str]) -> str | None:
+    """The sub-command ``argv`` names: its first word that is not an option (``mcfl``'s own options,
+    -v and -h, take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     # cuBLAS reads this when CUDA first uses it; set here, before anything can (see runner.configure_torch)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(commands=[_command(argv)]).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
     from mcfl.errors import DivergenceError
@@ -444,5 +472,28 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def run() -> None:
+    """The ``mcfl`` console script: :func:`main`, then exit without finalising the interpreter.
+    Tearing down an interpreter with torch loaded (its modules, then its C++ libraries' destructors)
+    takes 0.5-1 s, paid again by every job of the DAG for nothing: the job has written and closed
+    its outputs by then. Python's exit handlers still run (logging, temporary files, MLflow), and
+    stdout/stderr are flushed; with a non-daemon thread still alive it exits the normal way, which
+    waits for it. Errors, ``--help`` and usage errors leave through the normal exit as well."""
+    code = main()
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):       # a closed or broken pipe: nothing more to write
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

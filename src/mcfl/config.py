@@ -25,6 +25,7 @@ import dataclasses
 import importlib
 import inspect
 import math
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,9 @@ def _schema() -> dict:
     from mcfl import algorithms, models
     from mcfl.data import SOURCES
 
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    from mcfl.trainspec import read_schema
+
+    schema = read_schema()
     schema["$defs"]["method"]["properties"]["method"]["enum"] = sorted(algorithms.ALGORITHMS)
     ds = schema["properties"]["datasets"]["additionalProperties"]["properties"]
     ds["prepare"]["properties"]["source"]["enum"] = sorted(SOURCES)
@@ -152,8 +155,27 @@ def _hints(obj) -> dict[str, Any]:
         return {}
 
 
+#: plain annotations a value of exactly the type satisfies under pydantic's strict mode
+_PLAIN = (int, float, str, bool)
+
+
+def _plainly_fits(value: Any, hint: Any) -> bool:
+    """``value`` fits ``hint`` without asking pydantic: ``hint`` is int, float, str or bool (or such
+    a type or None, ``int | None``) and ``value`` is of exactly that type (a bool is no int). What
+    is not this plain, pydantic checks; so a training job that validates its ``--run`` does not
+    import pydantic for the usual hyperparameters."""
+    if hint in _PLAIN:
+        return type(value) is hint
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = typing.get_args(hint)
+        return all(a in _PLAIN or a is type(None) for a in args) and type(value) in args
+    return False
+
+
 def _check_value(where: str, value: Any, hint: Any) -> None:
     """Raise ConfigError naming ``where`` unless ``value`` fits the type annotation ``hint``."""
+    if _plainly_fits(value, hint):
+        return
     from pydantic import TypeAdapter, ValidationError
 
     adapter = TypeAdapter(hint)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import numbers
 import os
 import shutil
 import subprocess
@@ -126,6 +127,80 @@ def git_revision(cwd: str | os.PathLike | None = None) -> str:
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+# ------------------------------------------------------------------------------------------- CSV
+def _null(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and v != v) or type(v).__name__ in ("NAType", "NaTType") \
+        or (hasattr(v, "dtype") and getattr(v, "ndim", 1) == 0 and v.dtype.kind == "f" and v != v)
+
+
+def _kind(v: Any) -> str:
+    """'b', 'i', 'f' or 'o' (anything else) of a non-null scalar, as pandas infers a column."""
+    if isinstance(v, bool) or type(v).__name__ in ("bool", "bool_"):  # numpy's bool: not a Number
+        return "b"
+    if isinstance(v, numbers.Integral):
+        return "i"
+    if isinstance(v, numbers.Real):
+        return "f"
+    return "o"
+
+
+def _cells(values) -> list:
+    """One column's CSV cells as ``pandas.DataFrame(...).to_csv`` writes them: the column's dtype
+    as pandas infers it from the values (ints with a missing value are floats, bools with one are
+    objects ...), floats in numpy's spelling (pandas' ``astype(str)``), missing values empty."""
+    import numpy as np
+
+    if isinstance(values, np.ndarray) and values.dtype.kind in "biuf":
+        if values.dtype.kind == "f":
+            out = values.astype(str).astype(object)
+            out[np.isnan(values)] = ""
+            return out.tolist()
+        return values.tolist() if values.dtype.kind != "b" else [str(bool(v)) for v in values]
+    if isinstance(values, np.ndarray) and values.dtype.kind in "US":
+        return values.astype(str).tolist()
+    if not isinstance(values, (list, tuple, np.ndarray)) and hasattr(values, "__array__"):
+        return _cells(np.asarray(values))                              # a tensor ...
+    values = list(values.tolist() if isinstance(values, np.ndarray) else values)
+    null = [_null(v) for v in values]
+    kinds = {_kind(v) for v, n in zip(values, null) if not n}
+    if kinds == {"i"} and not any(null):
+        return [int(v) for v in values]
+    if kinds and kinds <= {"i", "f"}:
+        f = np.array([np.nan if n else float(v) for v, n in zip(values, null)], dtype=np.float64)
+        return _cells(f)
+    if kinds == {"b"} and not any(null):
+        return [str(bool(v)) for v in values]
+    return ["" if n else v for v, n in zip(values, null)]
+
+
+def csv_text(columns: dict[str, Any], n_rows: int | None = None) -> str:
+    """The CSV that ``pandas.DataFrame(columns).to_csv(path, index=False)`` writes, byte for byte,
+    for columns of numbers, bools and strings (a scalar fills its column), without importing pandas
+    (a training job's outputs need nothing else of it). ``tests/test_io.py`` compares the two."""
+    import csv
+    import io
+
+    if n_rows is None:
+        n_rows = next((len(v) for v in columns.values() if not _scalar(v)), 0)
+    cols = [_cells([v] * n_rows if _scalar(v) else v) for v in columns.values()]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator=os.linesep, quoting=csv.QUOTE_MINIMAL)
+    w.writerow(list(columns))
+    w.writerows(zip(*cols))
+    return buf.getvalue()
+
+
+def rows_csv(rows: list[dict[str, Any]]) -> str:
+    """``csv_text`` of ``pandas.DataFrame(rows)``: a column per key in order of first appearance,
+    empty where a row lacks the key."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return csv_text({k: [r.get(k) for r in rows] for k in keys}, len(rows))
+
+
+def _scalar(v: Any) -> bool:
+    return not isinstance(v, (list, tuple)) and getattr(v, "ndim", 0) == 0
 
 
 #: the files of a finished run directory (``mcfl train``), in the order they are written

@@ -41,14 +41,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 
 from mcfl import algorithms
 from mcfl.data.store import load, warn_untested
 from mcfl.evaluation import evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
-from mcfl.io import OUTPUTS, atomic_path, config_hash, git_revision, remove_stale_temps, write_bytes, write_json
+from mcfl.io import (OUTPUTS, config_hash, csv_text, git_revision, remove_stale_temps, rows_csv, write_bytes,
+                     write_json)
 from mcfl.timing import COLUMNS as TIME_COLUMNS, LocalClock
 from mcfl.trainspec import TrainSpec
 
@@ -227,21 +227,18 @@ def _progress(it, run, enabled):
 
 
 def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, pred, wall) -> dict:
+    # the CSVs pandas.DataFrame(...).to_csv(index=False) would write, without importing pandas
     out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / "history.csv") as tmp:
-        pd.DataFrame(rows).to_csv(tmp, index=False)
+    write_bytes(out_dir / "history.csv", rows_csv(rows).encode())
     assign = algo.assignments(state)
-    truth = fed.data.true_clusters
-    with atomic_path(out_dir / "assignments.csv") as tmp:
-        pd.DataFrame({"client": fed.data.client_ids,
-                      "true_cluster": truth if truth is not None else pd.NA,
-                      "cluster": assign if assign is not None else pd.NA}).to_csv(tmp, index=False)
+    write_bytes(out_dir / "assignments.csv", csv_text({"client": fed.data.client_ids,
+                                                        "true_cluster": fed.data.true_clusters,
+                                                        "cluster": assign}).encode())  # None: empty
     test = {"client": np.repeat(np.asarray(fed.data.client_ids), fed.dev.n_test),
             "y": fed.dev.y["test"].cpu().numpy(), "pred": pred}
     if fed.data.domain_test is not None:
         test["domain"] = np.asarray(fed.data.domain_test)
-    with atomic_path(out_dir / "predictions.csv") as tmp:
-        pd.DataFrame(test).to_csv(tmp, index=False)
+    write_bytes(out_dir / "predictions.csv", csv_text(test).encode())
     _write_state(out_dir / "state.pt", algo, state)
     result = {"dataset": run["dataset"], "method": run["method"], "label": run["label"],
               "run_id": run["run_id"], "seed": run["seed"], "params": run["params"],

@@ -10,6 +10,7 @@ dict itself stays the run's record (``metrics.json``, the configuration hash), u
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,16 @@ import yaml
 SCHEMA_PATH = Path(__file__).parent / "schema" / "config.schema.yaml"
 
 
-_PROPS: dict[str, dict] = yaml.safe_load(SCHEMA_PATH.read_text())["$defs"]["train"]["properties"]
+#: the schema, parsed once per process (with libyaml where PyYAML has it: ~10x faster than its
+#: pure-Python parser, the same objects; ``tests/test_trainspec.py`` compares them)
+_SCHEMA: dict = yaml.load(SCHEMA_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+_PROPS: dict[str, dict] = _SCHEMA["$defs"]["train"]["properties"]
+
+
+def read_schema() -> dict:
+    """The config schema (a fresh copy: :mod:`mcfl.config` fills in its enums)."""
+    return copy.deepcopy(_SCHEMA)
+
 
 #: every train setting with its schema default (None where the schema has none: absent = off)
 DEFAULTS: dict[str, Any] = {k: p.get("default") for k, p in _PROPS.items()}

@@ -1,35 +1,51 @@
-"""Algorithm registry: config name -> class. One short file per method; each cites its paper."""
+"""Algorithm registry: config name -> class. One short file per method; each cites its paper.
+
+A method's module is imported when its class is first asked for (like :data:`mcfl.data.SOURCES`):
+a training job imports its own method, not all 22 (``benchmarks/job_overhead.py``).
+"""
 
 from __future__ import annotations
 
-from mcfl.algorithms.base import Algorithm
-from mcfl.algorithms.fedavg import FedAvg
-from mcfl.algorithms.fedcg import FedCG
-from mcfl.algorithms.fedcluster import FedCluster
-from mcfl.algorithms.feddane import FedDANE
-from mcfl.algorithms.feddist import FedDist, FedDWS
-from mcfl.algorithms.fedfusion import FedFusion
-from mcfl.algorithms.fedmmd import FedMMD
-from mcfl.algorithms.fedgsp import FedGSP, NaiveGSP, NaiveGSPICG
-from mcfl.algorithms.fedopt import FedAdagrad, FedAdam, FedYogi
-from mcfl.algorithms.fedprox import FedProx
-from mcfl.algorithms.fedsgd import FedSGD
-from mcfl.algorithms.fesem import FeSEM
-from mcfl.algorithms.fesem_ma import FeSEMMA
-from mcfl.algorithms.hypocluster import HypoCluster
-from mcfl.algorithms.ida import IDA
-from mcfl.algorithms.nofed import NoFed
-from mcfl.algorithms.robust import Robust
+import importlib
+from collections.abc import Iterator, Mapping
 
-ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (
+from mcfl.algorithms.base import Algorithm
+
+#: config name -> "module:Class" under mcfl.algorithms, in the papers' order
+REGISTRY = {
     # FeSEM's Table 2 (paper 000)
-    NoFed, FedSGD, FedAvg, FedDist, FedDWS, Robust, FedCluster, HypoCluster, FedDANE, FedProx,
-    FeSEM, FeSEMMA,
+    "NoFed": "nofed:NoFed", "FedSGD": "fedsgd:FedSGD", "FedAvg": "fedavg:FedAvg",
+    "FedDist": "feddist:FedDist", "FedDWS": "feddist:FedDWS", "Robust": "robust:Robust",
+    "FedCluster": "fedcluster:FedCluster", "HypoCluster": "hypocluster:HypoCluster",
+    "FedDANE": "feddane:FedDANE", "FedProx": "fedprox:FedProx", "FeSEM": "fesem:FeSEM",
+    "FeSEM-MA": "fesem_ma:FeSEMMA",
     # FedGSP's Table 1 (paper 003)
-    FedGSP, NaiveGSP, NaiveGSPICG, FedAdagrad, FedAdam, FedYogi, IDA, FedMMD, FedFusion,
+    "FedGSP": "fedgsp:FedGSP", "NaiveGSP": "fedgsp:NaiveGSP", "NaiveGSP+ICG": "fedgsp:NaiveGSPICG",
+    "FedAdagrad": "fedopt:FedAdagrad", "FedAdam": "fedopt:FedAdam", "FedYogi": "fedopt:FedYogi",
+    "IDA": "ida:IDA", "FedMMD": "fedmmd:FedMMD", "FedFusion": "fedfusion:FedFusion",
     # FedCG (paper 002)
-    FedCG,
-)}
+    "FedCG": "fedcg:FedCG",
+}
+
+
+class _Algorithms(Mapping):
+    """:data:`REGISTRY` as a mapping name -> class, importing a class's module on first access."""
+
+    def __getitem__(self, name: str) -> type[Algorithm]:
+        module, cls = REGISTRY[name].split(":")
+        return getattr(importlib.import_module(f"mcfl.algorithms.{module}"), cls)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(REGISTRY)
+
+    def __len__(self) -> int:
+        return len(REGISTRY)
+
+    def __contains__(self, name) -> bool:
+        return name in REGISTRY
+
+
+ALGORITHMS: Mapping[str, type[Algorithm]] = _Algorithms()
 
 
 def get(name: str) -> type[Algorithm]:

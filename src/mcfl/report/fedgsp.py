@@ -310,9 +310,9 @@ def write_kappa(run_dirs: list[Path], train: list[dict], store, out: Path,
 
 
 # ------------------------------------------------------------------------------------------- CLI
-def add_parser(sub) -> None:
+def add_parser(sub, help: str = "FedGSP tables and figures (CPD, Table 1, heatmaps, kappa)") -> None:
     """``mcfl fedgsp WHAT``: register the sub-commands."""
-    p = sub.add_parser("fedgsp", help="FedGSP tables and figures (CPD, Table 1, heatmaps, kappa)")
+    p = sub.add_parser("fedgsp", help=help)
     w = p.add_subparsers(dest="what", required=True)
     c = w.add_parser("cpd", help="CPD box plots (Fig. 3a)")
     c.add_argument("--store", required=True)

@@ -18,14 +18,15 @@ def leaf_sources() -> dict:
     return {n: source_fn(n) for n in SOURCES if hasattr(source_fn(n), "raw_files")}
 
 
-def add_parsers(sub) -> None:
-    p = sub.add_parser("download", help="download and verify a LEAF source's raw files")
-    p.add_argument("source", choices=sorted(leaf_sources()))
-    p.add_argument("--out", required=True, help="raw directory (e.g. data/raw/femnist)")
-    p.add_argument("--source", "--origin", dest="origin", default=None,
-                   help="base URL or local directory holding the files (default: the source's)")
-    p.add_argument("--md5", action="append", default=[], help="NAME=HEX: expected MD5 of NAME (repeatable)")
-    p.add_argument("--file", action="append", default=None, help="only this file (repeatable)")
+DOWNLOAD_HELP = "download and verify a LEAF source's raw files"
+
+
+def add_parsers(sub, download: bool = True) -> None:
+    """Add the sub-commands; with ``download=False`` that one is added by the caller (its choices
+    import every LEAF source)."""
+    if download:
+        p = sub.add_parser("download", help=DOWNLOAD_HELP)
+        _download_options(p)
     p = sub.add_parser("import-leaf", help="read LEAF train/ and test/ JSON into a store (the "
                        "leaf_json source: same as `mcfl prepare leaf_json --dir DIR`)")
     p.add_argument("dir", help="LEAF data directory holding train/ and test/")
@@ -35,6 +36,15 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("export-leaf", help="write a store as LEAF JSON (all_data/, train/, test/)")
     p.add_argument("store")
     p.add_argument("--out", required=True, help="directory to write")
+
+
+def _download_options(p) -> None:
+    p.add_argument("source", choices=sorted(leaf_sources()))
+    p.add_argument("--out", required=True, help="raw directory (e.g. data/raw/femnist)")
+    p.add_argument("--source", "--origin", dest="origin", default=None,
+                   help="base URL or local directory holding the files (default: the source's)")
+    p.add_argument("--md5", action="append", default=[], help="NAME=HEX: expected MD5 of NAME (repeatable)")
+    p.add_argument("--file", action="append", default=None, help="only this file (repeatable)")
 
 
 def _cmd_download(a) -> int:
