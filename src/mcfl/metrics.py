@@ -16,8 +16,7 @@ Then, as in FeSEM §6.1 ("micro" weights devices by data amount, "macro" does no
 
 Clients without test samples are left out of all four. ``ari``/``nmi`` compare a clustered method's
 client-to-cluster assignment with the true clusters (scikit-learn's ``adjusted_rand_score`` and
-``normalized_mutual_info_score``, computed here to the same bits: training jobs need not import
-scikit-learn). The F1 computation is vectorised over clients (one ``bincount``)
+``normalized_mutual_info_score``). The F1 computation is vectorised over clients (one ``bincount``)
 and tested for equality with scikit-learn's per-client ``f1_score``.
 
 Stores that label every test sample with a domain (FedCG's setting) also get ``acc_dom<d>``, the
@@ -29,8 +28,6 @@ one of them gets right) and ``sign_test_p`` on those counts (McNemar's exact tes
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -73,67 +70,10 @@ def clustering_scores(assign: np.ndarray, truth: np.ndarray | None) -> dict[str,
     """ARI and NMI of an assignment against the true clusters (empty when there is no truth)."""
     if truth is None or assign is None:
         return {}
-    return {"ari": adjusted_rand_score(truth, assign), "nmi": normalized_mutual_info_score(truth, assign)}
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-
-def _contingency(labels_true, labels_pred) -> np.ndarray:
-    """The (classes x clusters) int64 counts of label pairs, classes and clusters in sorted order."""
-    classes, ci = np.unique(np.asarray(labels_true).ravel(), return_inverse=True)
-    clusters, ki = np.unique(np.asarray(labels_pred).ravel(), return_inverse=True)
-    if ci.shape != ki.shape:
-        raise ValueError(f"labels of different lengths: {ci.shape[0]} and {ki.shape[0]}")
-    n, k = classes.shape[0], clusters.shape[0]
-    return np.bincount(ci.ravel() * k + ki.ravel(), minlength=n * k).astype(np.int64).reshape(n, k)
-
-
-def adjusted_rand_score(labels_true, labels_pred) -> float:
-    """scikit-learn's ``adjusted_rand_score`` (1.9), the same float, without importing scikit-learn
-    (and SciPy) into every clustered training job: the same pair counts, the same arithmetic on
-    Python ints (``tests/test_metrics.py`` compares the two bitwise)."""
-    c = _contingency(labels_true, labels_pred)
-    n = np.int64(c.sum())
-    ss = (c ** 2).sum()
-    fp = int((c @ c.sum(0)).sum() - ss)                 # pair confusion matrix [[tn, fp], [fn, tp]]
-    fn = int((c.T @ c.sum(1)).sum() - ss)
-    tp = int(ss - n)
-    tn = int(n ** 2 - fp - fn - ss)
-    if fn == 0 and fp == 0:
-        return 1.0
-    return 2.0 * (tp * tn - fn * fp) / ((tp + fn) * (fn + tn) + (tp + fp) * (fp + tn))
-
-
-def _entropy(counts: np.ndarray) -> float:
-    pi = counts.astype(np.float64)
-    if pi.size == 1:
-        return 0.0
-    pi_sum = np.sum(pi)
-    return float(-np.sum((pi / pi_sum) * (np.log(pi) - math.log(pi_sum))))
-
-
-def normalized_mutual_info_score(labels_true, labels_pred) -> float:
-    """scikit-learn's ``normalized_mutual_info_score`` (1.9; arithmetic mean of the entropies), the
-    same float without importing scikit-learn: the same terms over the non-zero cells of the
-    contingency table in row-major order, summed alike (compared bitwise in ``tests/test_metrics.py``)."""
-    c = _contingency(labels_true, labels_pred)
-    if c.shape[0] == c.shape[1] == 1 or c.shape[0] == c.shape[1] == 0:
-        return 1.0
-    pi, pj = c.sum(1), c.sum(0)
-    if pi.size == 1 or pj.size == 1:
-        return 0.0
-    nzx, nzy = np.nonzero(c)
-    nz_val = c[nzx, nzy]
-    total = c.sum()
-    log_contingency_nm = np.log(nz_val)
-    contingency_nm = nz_val / total
-    outer = pi.take(nzx).astype(np.int64, copy=False) * pj.take(nzy).astype(np.int64, copy=False)
-    log_outer = -np.log(outer) + math.log(pi.sum()) + math.log(pj.sum())
-    mi = contingency_nm * (log_contingency_nm - math.log(total)) + contingency_nm * log_outer
-    mi = np.where(np.abs(mi) < np.finfo(mi.dtype).eps, 0.0, mi)
-    mi = float(np.clip(mi.sum(), 0.0, None))
-    if mi == 0:
-        return 0.0
-    normalizer = np.mean([_entropy(pi), _entropy(pj)])
-    return float(mi / normalizer)
+    return {"ari": float(adjusted_rand_score(truth, assign)),
+            "nmi": float(normalized_mutual_info_score(truth, assign))}
 
 
 def domain_scores(domain: np.ndarray, hit: np.ndarray, unseen=()) -> dict[str, float]:
