@@ -44,4 +44,3 @@ def test_paired_counts_and_sign_test_by_hand():
     assert sign_test_p(2, 1) == pytest.approx(1.0)                  # 2 * P(X >= 2 | 3) = 2 * 4/8
     assert sign_test_p(6, 0) == pytest.approx(2 / 64)               # 2 * (1/2)^6
     assert sign_test_p(0, 0) == 1.0
-
