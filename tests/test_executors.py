@@ -13,7 +13,7 @@ from mcfl.algorithms import ALGORITHMS
 from mcfl.config import ConfigError, validate
 from mcfl.data import ClientData, load, write_store
 from mcfl.engine import DeviceData, DivergenceError, FlatModel, LocalSpec, LocalTrainer, Task
-from mcfl.executors import BatchedTrainer, make_trainer
+from mcfl.executors import STACKED_CPU_MACS, BatchedTrainer, forward_macs, make_trainer
 from mcfl.federation import build_federation
 from mcfl.runner import train
 
@@ -129,6 +129,36 @@ def test_batched_executor_trains_batchnorm_sequentially_and_reports_divergence(d
                                                           "rounds": 1, "executor": "batched"}, seed=0)
     with pytest.raises(DivergenceError, match=r"round 4, client \d+"):
         list(fed.trainer.run([Task(c, fed.w0) for c in range(4)], 4))
+
+
+def test_forward_macs_by_hand():
+    """Conv2d(1->4, 3x3, padding 1) on 1x5x5: 4 x 5 x 5 outputs x (1 x 9) = 900; grouped
+    Conv2d(4->4, 3x3, groups 2, no padding): 4 x 3 x 3 x (2 x 9) = 648; Linear(36 -> 7): 252."""
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, groups=2),
+                        nn.Flatten(), nn.Linear(36, 7))
+    assert forward_macs(net, torch.zeros(1, 1, 5, 5)) == 900 + 648 + 252
+    assert not any(m._forward_hooks for m in net.modules())          # the probe leaves no hooks
+
+
+def test_cpu_fallback_is_stacked_for_small_models_only(digits_store, tmp_path):
+    """On a CPU the fallback is the stacked path when a forward pass costs at most
+    STACKED_CPU_MACS multiply-adds per sample (the 8x8 digits CNN: 92K), sequential above it (the
+    FEMNIST CNN, hidden 248: 11.5M on a 1x28x28 image); an explicit fallback wins."""
+    from mcfl.models import build
+
+    data = load(digits_store)
+    dev = DeviceData(data)
+    spec = LocalSpec(lr=0.1, batch_size=5)
+    small = FlatModel(build("digits_cnn", (1, 8, 8), 10))
+    assert forward_macs(small.module, torch.zeros(1, 1, 8, 8)) <= STACKED_CPU_MACS
+    assert BatchedTrainer(small, dev, spec, seed=0).fallback == "stacked"
+    assert BatchedTrainer(small, dev, spec, seed=0, fallback="sequential").fallback == "sequential"
+    img = np.zeros((4, 1, 28, 28), np.float32)
+    write_store(tmp_path / "big", [ClientData("w0", img, np.arange(4), img, np.arange(4))],
+                n_classes=62, source="test", params={})
+    femnist = FlatModel(build("femnist_cnn", (1, 28, 28), 62, hidden=248))
+    assert forward_macs(femnist.module, torch.zeros(1, 1, 28, 28)) > STACKED_CPU_MACS
+    assert BatchedTrainer(femnist, DeviceData(load(tmp_path / "big")), spec, seed=0).fallback == "sequential"
 
 
 def test_train_executor_key_selects_and_validates(digits_store):

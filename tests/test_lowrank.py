@@ -185,14 +185,15 @@ def test_lazy_terms_with_per_client_starts_and_several_chunks(tmp_path, spy):
 
 def test_path_choice_is_automatic_and_logged_once(tmp_path, spy, caplog):
     """A client whose history is over the low-rank limit, or clipping, or a BatchNorm/dropout
-    model: those clients train on the fallback path (sequential on a CPU; ``fallback="stacked"``
-    forces the stacked one), the others stay low-rank; the choice is logged once per trainer."""
+    model: those clients train on the fallback path (here forced to ``sequential``; this tiny
+    model's own choice on a CPU is ``stacked``), the others stay low-rank; the choice is logged
+    once per trainer."""
     fm, dev = _two_layer(tmp_path, (2, 2, 20, 3))
     spec = LocalSpec(lr=0.3, batch_size=2, epochs=1)
     tasks = [Task(c, fm.get(), fm.get(), mu=0.2) for c in range(4)]
     seq = _results(LocalTrainer(fm, dev, spec, seed=0), tasks)
-    tr = BatchedTrainer(fm, dev, spec, seed=0, lowrank=1)              # limit: 1 x min(6, 5) = 5 rows
-    assert tr.fallback == "sequential"
+    assert BatchedTrainer(fm, dev, spec, seed=0, lowrank=1).fallback == "stacked"   # a tiny model
+    tr = BatchedTrainer(fm, dev, spec, seed=0, lowrank=1, fallback="sequential")   # limit: 5 rows
     stacked = []
     orig = BatchedTrainer._train_chunk
     BatchedTrainer._train_chunk = lambda self, t, r, lowrank=True: stacked.append(lowrank) or orig(self, t, r, lowrank)
@@ -213,7 +214,7 @@ def test_path_choice_is_automatic_and_logged_once(tmp_path, spy, caplog):
         with caplog.at_level("INFO", logger="mcfl"):
             _assert_same(_results(BatchedTrainer(fm, dev, clipped, seed=0, lowrank=10), tasks),
                          _results(LocalTrainer(fm, dev, clipped, seed=0), tasks))
-        assert stacked == [] and any("clipping" in r.getMessage() for r in caplog.records)
+        assert stacked == [False] and any("clipping" in r.getMessage() for r in caplog.records)
     finally:
         BatchedTrainer._train_chunk = orig
     torch.manual_seed(0)
