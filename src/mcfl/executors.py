@@ -49,11 +49,11 @@ device (``fallback``): the stacked path on a GPU; on a CPU, the stacked path for
 forward pass of at most ``STACKED_CPU_MACS`` multiply-adds per sample, counted over the Linear and
 convolution layers: a step's cost there is per-operation overhead, which stacking pays once per
 chunk; the 8x8 digits CNN, 92K, trains 3.6x faster stacked) and the sequential loop for the others
-(the FEMNIST CNN, 11.5M with hidden 248: 1.3x faster sequential). Models with floating-point buffers (BatchNorm running statistics:
-padded rows would enter the batch statistics) or random layers (dropout) always train
-sequentially. The choice is logged once per run (logger ``mcfl``, INFO). Tasks with their own loss
-(``Task.loss``: FedCG's distillation and domain terms) are trained one at a time by the sequential
-code path.
+(the FEMNIST CNN, 11.5M with hidden 248: 1.3x faster sequential). Models with floating-point
+buffers (BatchNorm running statistics: padded rows would enter the batch statistics) or random
+layers (dropout) always train sequentially. The choice is logged once per run (logger ``mcfl``,
+INFO). Tasks with their own loss (``Task.loss``: FedCG's distillation and domain terms) are trained
+one at a time by the sequential code path.
 """
 
 from __future__ import annotations
