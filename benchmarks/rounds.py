@@ -5,6 +5,7 @@ batched executor would save over the whole DAG (every seed; start-up and evaluat
 
     python benchmarks/rounds.py                       # seed 0 of every (dataset, method) run
     python benchmarks/rounds.py --config config/config.yaml --rounds 5
+    python benchmarks/rounds.py --datasets digits_domains     # FedAvg and FedCG only
 """
 
 from __future__ import annotations
@@ -55,13 +56,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "config.yaml")
     ap.add_argument("--rounds", type=int, default=5, help="rounds timed per run (median reported)")
+    ap.add_argument("--datasets", help="comma-separated datasets of the config (default: all)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from mcfl.config import expand_runs, load_config
     from mcfl.data import prepare
 
     cfg = load_config(args.config)
-    runs = expand_runs(cfg)
+    chosen = args.datasets.split(",") if args.datasets else list(cfg["datasets"])
+    unknown = set(chosen) - set(cfg["datasets"])
+    if unknown:
+        ap.error(f"--datasets: {', '.join(sorted(unknown))} not in {args.config}")
+    runs = [r for r in expand_runs(cfg) if r["dataset"] in chosen]
     print(f"# per-round time, {args.config.name}, sequential vs batched executor (same process)\n"
           f"# {machine(torch.device('cpu'))}")
     print(f"{'':<21} {'wall ms/round':^30} {'CPU ms/round':^26}")
@@ -70,8 +76,8 @@ def main(argv=None) -> int:
     saved = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         stores = {}
-        for name, ds in cfg["datasets"].items():
-            p = dict(ds["prepare"])
+        for name in chosen:
+            p = dict(cfg["datasets"][name]["prepare"])
             stores[name] = prepare(p.pop("source"), Path(tmp) / name, **p)
         first_seed = cfg["seeds"][0]
         for run in runs:

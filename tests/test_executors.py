@@ -131,6 +131,64 @@ def test_batched_executor_trains_batchnorm_sequentially_and_reports_divergence(d
         list(fed.trainer.run([Task(c, fed.w0) for c in range(4)], 4))
 
 
+class _Scaled(nn.Module):
+    """A tiny MLP with a constant float buffer (like FedCG's adjacency): a training forward never
+    writes it, so the batched executor may stack the model."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+        self.register_buffer("scale", torch.tensor([1.0, 2.0, 0.5]))
+
+    def forward(self, x):
+        return self.net(x) * self.scale
+
+
+class _CountingLoss:
+    """Cross-entropy over the real rows plus 0.1 x the mean squared logit, with diagnostics
+    [rows seen, sum of CE]: a batchable custom loss."""
+
+    batchable = True
+
+    def __call__(self, module, x, y, rows, mask=None):
+        logits = module(x)
+        m = torch.ones(len(y)) if mask is None else mask
+        n = m.sum().clamp(min=1)
+        ce = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+        loss = (ce * m).sum() / n + 0.1 * (logits.pow(2).mean(1) * m).sum() / n
+        return loss, torch.stack([m.sum(), (ce * m).sum()]).detach()
+
+
+@pytest.mark.parametrize("spec", [LocalSpec(lr=0.3, batch_size=4, epochs=2),
+                                  LocalSpec(lr=0.3, batch_size=5, steps=3, max_grad_norm=0.5)])
+def test_batchable_custom_loss_with_a_constant_buffer_stacks_like_sequential(tmp_path, spec):
+    """A ``batchable`` Task.loss trains on the stacked path (no per-client ``train``), over padded
+    batches, to the sequential weights; its diagnostics add up over the steps: the rows seen are
+    exactly the epochs x the client's samples (or steps x batch, at most, with a short last batch);
+    the buffer comes back unchanged in every result."""
+    data = _ragged_store(tmp_path)
+    torch.manual_seed(0)
+    fm = FlatModel(_Scaled())
+    assert fm.size == fm.n_params + 3
+    dev = DeviceData(data)
+    w0 = fm.get()
+    loss = _CountingLoss()
+    tasks = [Task(c, w0, loss=loss) for c in range(data.n_clients)]
+    seq = {t.client: r for t, r in LocalTrainer(fm, dev, spec, seed=1).run(tasks, 5)}
+    bat_trainer = BatchedTrainer(fm, dev, spec, seed=1, chunk=4, fallback="stacked")
+    assert bat_trainer._unsupported is None
+    bat_trainer.train = None                           # the stacked path never trains one client
+    bat = {t.client: r for t, r in bat_trainer.run(tasks, 5)}
+    for c, n in enumerate(dev.n_train.tolist()):
+        assert torch.allclose(seq[c].weights, bat[c].weights, atol=2e-6, rtol=0), c
+        assert torch.equal(bat[c].weights[fm.n_params:], w0[fm.n_params:])
+        assert seq[c].loss == pytest.approx(bat[c].loss, abs=1e-5)
+        assert torch.allclose(seq[c].aux, bat[c].aux, atol=1e-4)
+        seen = int(n) * spec.epochs if spec.steps is None else None
+        if seen is not None:
+            assert float(bat[c].aux[0]) == seen, c
+
+
 def test_forward_macs_by_hand():
     """Conv2d(1->4, 3x3, padding 1) on 1x5x5: 4 x 5 x 5 outputs x (1 x 9) = 900; grouped
     Conv2d(4->4, 3x3, groups 2, no padding): 4 x 3 x 3 x (2 x 9) = 648; Linear(36 -> 7): 252."""
@@ -194,10 +252,15 @@ def test_fesem_run_with_batched_executor_matches_sequential(digits_store):
     assert torch.allclose(out["sequential"].centres, out["batched"].centres, atol=1e-5, rtol=0)
 
 
-#: methods whose local updates never reach the batched arithmetic: custom losses (``Task.loss``:
-#: FedCG, FedFusion, FedMMD) and updates through ``trainer.train`` (FedGSP's chained groups, FedSGD's
-#: one step) take the sequential code under either executor, so their results are bitwise equal
-SEQUENTIAL_UPDATES = {"FedCG", "FedFusion", "FedMMD", "FedGSP", "NaiveGSP", "NaiveGSP+ICG", "FedSGD"}
+#: methods whose local updates never reach the batched arithmetic: custom losses that are not
+#: batchable (``Task.loss``: FedFusion, FedMMD) and updates through ``trainer.train`` (FedGSP's
+#: chained groups, FedSGD's one step) take the sequential code under either executor, so their
+#: results are bitwise equal
+SEQUENTIAL_UPDATES = {"FedFusion", "FedMMD", "FedGSP", "NaiveGSP", "NaiveGSP+ICG", "FedSGD"}
+#: batchable custom losses (FedCG's): no low-rank path (not an nn.Sequential), always stacked
+#: (with small domain classifiers and GCN projection, so that the CPU fallback is the stacked path)
+STACKED_ONLY = {"FedCG"}
+SMALL = {"FedCG": {"bottleneck": 64, "dc_width": 4, "dc_kernel": 3}}
 
 
 @pytest.mark.parametrize("method,path", [(m, "lowrank") for m in sorted(ALGORITHMS)]
@@ -228,11 +291,13 @@ def test_every_method_runs_with_the_batched_executor(method, path, digits_store,
         states.__setitem__(file.parent.name, algo.state_dict(state)), write_state(file, algo, state)))
     final, pred = {}, {}
     for ex in ("sequential", "batched"):
-        run = make_run(method=method, params=small_params(method), rounds=2, clients_per_round=6,
+        run = make_run(method=method, params={**small_params(method), **SMALL.get(method, {})}, rounds=2,
+                       clients_per_round=6,
                        eval_every=2, executor=ex, local_steps=4)
         final[ex] = train(run, digits_store, tmp_path / ex, progress=False)["final"]
         pred[ex] = pd.read_csv(tmp_path / ex / "predictions.csv")["pred"]
-    assert set(chunks) == (set() if method in SEQUENTIAL_UPDATES else {path == "lowrank"})
+    assert set(chunks) == (set() if method in SEQUENTIAL_UPDATES else
+                           {False} if method in STACKED_ONLY else {path == "lowrank"})
     atol = 0 if method in SEQUENTIAL_UPDATES else 1e-6
     seq, bat = states["sequential"], states["batched"]
     assert seq.keys() == bat.keys() and seq

@@ -15,7 +15,12 @@ last one short), optionally with
   ``mu = lambda`` and the anchor the client's cluster centre; FedProx's term with the global model;
 * a linear term ``<linear, w>``: FedDANE's gradient correction;
 * a custom loss ``Task.loss(module, x, y, rows)`` replacing the cross-entropy of ``module(x)``
-  (FedCG's joint objective: classification plus the student's pseudo-label loss).
+  (FedCG's joint objective: classification plus the student's pseudo-label loss). It may return
+  ``(loss, aux)``: ``aux``, a 1-D tensor of per-step sums (diagnostics), is added up over the
+  client's steps into ``LocalResult.aux``. A loss that sets ``batchable = True`` also takes
+  ``mask=`` (a (B,) float, 1 on the real rows of a padded batch; its loss is then the mean over
+  those rows and its ``aux`` counts them only) and is safe under ``torch.func.vmap``: the batched
+  executor then trains it stacked like the plain cross-entropy.
 
 Randomness: every (round, client) pair draws its batch order from its own generator, seeded from
 ``SeedSequence([seed, round, client])``, so a client's update does not depend on which other clients
@@ -214,8 +219,9 @@ def batch_plan(n: int, spec: LocalSpec, g: torch.Generator) -> torch.Tensor:
 @dataclass
 class Task:
     """One client's local update: start from ``start``; optional proximal anchor/mu and linear term;
-    optional ``loss(module, x, y, rows)`` -> scalar minibatch loss (default: cross-entropy of
-    ``module(x)``; ``rows`` are the batch's row indices into the training arrays)."""
+    optional ``loss(module, x, y, rows)`` -> scalar minibatch loss, or ``(loss, aux)`` (default:
+    cross-entropy of ``module(x)``; ``rows`` are the batch's row indices into the training arrays;
+    ``batchable`` losses and ``aux``: see the module docstring)."""
 
     client: int
     start: torch.Tensor
@@ -231,6 +237,7 @@ class LocalResult:
     loss: float           # mean training loss over the local steps
     n_samples: int        # the client's training-set size (the FedAvg weight)
     steps: int
+    aux: torch.Tensor | None = None   # a custom loss's diagnostics, summed over the steps
 
 
 class LocalTrainer:
@@ -267,10 +274,14 @@ class LocalTrainer:
         linear = m.param_views(task.linear) if task.linear is not None else None
         clip = None if spec.max_grad_norm is None else (lambda g: clip_(g, spec.max_grad_norm))
         loss_sum = torch.zeros((), device=m.device)
+        aux_sum = None
         steps = 0
         for rows in self.batches(task.client, rnd, purpose, spec):
             x, y = self.data.inputs(rows), self.data.y["train"][rows]
             loss = task.loss(m.module, x, y, rows) if task.loss else F.cross_entropy(m.module(x), y)
+            if isinstance(loss, tuple):                        # a custom loss with diagnostics
+                loss, aux = loss
+                aux_sum = aux.detach() if aux_sum is None else aux_sum + aux.detach()
             g = self._local_grad(loss, w, custom=task.loss is not None)
             sgd_step_(w, g, spec.lr, task.mu, anchor, linear, clip)
             loss_sum += loss.detach()
@@ -281,7 +292,7 @@ class LocalTrainer:
         # over the weights instead of isfinite's four.
         if not math.isfinite(mean_loss) or not math.isfinite(float(out.sum())):
             raise DivergenceError.local(rnd, task.client, mean_loss)
-        return LocalResult(out, mean_loss, int(self.data.n_train[task.client]), steps)
+        return LocalResult(out, mean_loss, int(self.data.n_train[task.client]), steps, aux_sum)
 
     @staticmethod
     def _local_grad(loss: torch.Tensor, w: list[torch.Tensor], custom: bool) -> list[torch.Tensor]:

@@ -49,11 +49,19 @@ device (``fallback``): the stacked path on a GPU; on a CPU, the stacked path for
 forward pass of at most ``STACKED_CPU_MACS`` multiply-adds per sample, counted over the Linear and
 convolution layers: a step's cost there is per-operation overhead, which stacking pays once per
 chunk; the 8x8 digits CNN, 92K, trains 3.6x faster stacked) and the sequential loop for the others
-(the FEMNIST CNN, 11.5M with hidden 248: 1.3x faster sequential). Models with floating-point
-buffers (BatchNorm running statistics: padded rows would enter the batch statistics) or random
-layers (dropout) always train sequentially. The choice is logged once per run (logger ``mcfl``,
-INFO). Tasks with their own loss (``Task.loss``: FedCG's distillation and domain terms) are trained
-one at a time by the sequential code path.
+(the FEMNIST CNN, 11.5M with hidden 248: 1.3x faster sequential). Models whose training forward
+writes to their buffers (BatchNorm running statistics: padded rows would enter the batch
+statistics; found by one probe forward) or with random layers (dropout) always train
+sequentially; other float buffers (FedCG's adjacency) are constants of the update, shared by a
+chunk. The choice is logged once per run (logger ``mcfl``, INFO).
+
+Custom losses (``Task.loss``): one marked ``batchable`` (FedCG's: classification, pseudo-label
+and domain terms) takes ``mask=`` and is vmap-safe, so its tasks train on the fallback path above,
+stacked on a GPU and for small models (on digits_domains' FedCG, 0.7M parameters of which 0.68M
+are the GCN's projection: 1.5 s a round against 2.2-2.5 s sequential, one thread; what is left is
+memory traffic over the per-client projection gradients). The others (FedMMD's, FedFusion's) are
+trained one at a time by the sequential code path. A custom loss may return diagnostics with its
+loss; both paths sum them over each client's steps (``LocalResult.aux``).
 """
 
 from __future__ import annotations
@@ -93,6 +101,15 @@ def make_trainer(executor: str, model: FlatModel, data: DeviceData, spec: LocalS
     if executor == "batched":
         return BatchedTrainer(model, data, spec, seed, chunk=chunk)
     raise ValueError(f"unknown executor {executor!r}; use one of {', '.join(EXECUTORS)}")
+
+
+def same_executor(trainer: LocalTrainer, model: FlatModel, data: DeviceData) -> LocalTrainer:
+    """A trainer of ``trainer``'s kind and settings for another model (an algorithm that trains its
+    own network, such as FedCG's, keeps the run's executor)."""
+    if isinstance(trainer, BatchedTrainer):
+        return BatchedTrainer(model, data, trainer.spec, trainer.seed, chunk=None if trainer.auto else trainer.chunk,
+                              lowrank=trainer.lowrank, fallback=trainer._fallback_arg)
+    return LocalTrainer(model, data, trainer.spec, trainer.seed)
 
 
 def auto_chunk(model: FlatModel, per_client: int | None = None) -> int:
@@ -148,11 +165,17 @@ class BatchedTrainer(LocalTrainer):
             raise ValueError(f"fallback must be 'sequential' or 'stacked', got {fallback!r}")
         self.auto = not chunk
         self.chunk = int(chunk) if chunk else auto_chunk(model)
-        buffers = [n for n, b in model.module.named_buffers() if b.is_floating_point()]
+        self._fallback_arg = fallback
         random = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.module.modules())
-        # BatchNorm statistics (padded rows would enter them) and dropout (per-client random
-        # masks): neither batched path supports them, so such a model trains sequentially
-        self._unsupported = ("BatchNorm statistics" if buffers else "dropout") if buffers or random else None
+        running = not random and _running_buffers(model, data)
+        # dropout (per-client random masks) and buffers a training forward updates (BatchNorm
+        # statistics: padded rows would enter them): neither batched path supports them, so such a
+        # model trains sequentially. Other float buffers (FedCG's adjacency) are constants of the
+        # local update: a chunk shares them (see _run_chunks)
+        self._unsupported = ("dropout" if random else
+                             "buffers that training updates (BatchNorm statistics)" if running else None)
+        self._wrap = _LossCall(model.module)
+        self._custom = vmap(lambda p, x, y, r, m: functional_call(self._wrap, p, (x, y, r, m)))
         self.fallback = "sequential" if self._unsupported else fallback or self._faster_fallback(data)
         self._said: set[str] = set()
         params = list(model.module.named_parameters())
@@ -187,17 +210,32 @@ class BatchedTrainer(LocalTrainer):
                 h = child(h)
         return out
 
-    def _grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor):
-        """Every client's gradient of its mean loss over the real rows of its padded batch, and that
-        loss. ``w`` (C, P) holds the clients' flat parameters; the clients' parameters are disjoint,
-        so the gradient of the sum of their losses w.r.t. ``w`` is each client's own gradient."""
-        w = w.detach().requires_grad_()
-        C = len(w)
-        params = {n: t.view(C, *s) for n, t, s in zip(self._names, w.split(self._sizes, 1), self._shapes)}
-        logits = self._forward(params, x)                                    # (C, B, classes)
-        loss = self._loss(logits, y, mask)
-        (g,) = torch.autograd.grad(loss.sum(), w)
-        return g, loss.detach()
+    def _views(self, w: torch.Tensor) -> list[torch.Tensor]:
+        """Per-parameter views ``(n, *shape)`` of stacked flat parameters ``w`` (n, P)."""
+        return [t.view(len(w), *s) for t, s in zip(w.split(self._sizes, 1), self._shapes)]
+
+    def _grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+              rows: torch.Tensor | None = None, loss_fn=None):
+        """Every client's gradient of its mean loss over the real rows of its padded batch (one
+        tensor per parameter, ``(n, *shape)``; no concatenation into (n, P): for FedCG's 0.7M
+        parameters that copy was a quarter of a step), that loss and (custom losses) its
+        diagnostics. ``w`` (n, P) holds the clients' flat parameters; the clients' parameters are
+        disjoint, so the gradient of the sum of their losses is each client's own gradient.
+        ``loss_fn``: a batchable ``Task.loss``, called per client under vmap with its rows and mask."""
+        leaves = [v.detach().requires_grad_() for v in self._views(w)]
+        params = dict(zip(self._names, leaves))
+        aux = None
+        if loss_fn is None:
+            logits = self._forward(params, x)                                # (n, B, classes)
+            loss = self._loss(logits, y, mask)
+        else:
+            self._wrap.fn = loss_fn
+            loss = self._custom({f"net.{n}": t for n, t in params.items()}, x, y, rows, mask)
+            if isinstance(loss, tuple):
+                loss, aux = loss[0], loss[1].detach()
+        custom = loss_fn is not None      # may leave parameters out (FedCG's teacher): zero gradient
+        g = torch.autograd.grad(loss.sum(), leaves, allow_unused=custom, materialize_grads=custom)
+        return list(g), loss.detach(), aux
 
     def _why_slow(self) -> str:
         """Why a task cannot take the low-rank path, given that its history is not the reason."""
@@ -218,11 +256,17 @@ class BatchedTrainer(LocalTrainer):
 
     def run(self, tasks: Iterable[Task], rnd: int) -> Iterator[tuple[Task, LocalResult]]:
         tasks = list(tasks)
-        if any(t.loss is not None for t in tasks):      # a custom loss: the sequential code path
-            yield from super().run(tasks, rnd)
-            return
         B = self.spec.batch_size
         steps = [n_steps(int(self.data.n_train[t.client]), self.spec) for t in tasks]
+        if any(t.loss is not None for t in tasks):      # a custom loss: no low-rank path
+            if all(getattr(t.loss, "batchable", False) for t in tasks) and not self._unsupported:
+                self._say(f"batched executor: a custom local loss trains on the {self.fallback} path, "
+                          f"the faster one for this model on {self.model.device.type}")
+                if self.fallback == "stacked":
+                    yield from self._run_chunks(tasks, steps, rnd, False)
+                    return
+            yield from super().run(tasks, rnd)
+            return
         fast = [bool(self._lazy_layers([t], s * B)) for t, s in zip(tasks, steps)]
         slow = [t for t, f in zip(tasks, fast) if not f]
         if slow:
@@ -250,10 +294,17 @@ class BatchedTrainer(LocalTrainer):
                 hist = history * sum(self._children[i].in_features + self._children[i].out_features
                                      for i in self._lazy_layers(tasks, history) or self._lazy)
                 size = auto_chunk(self.model, 4 * (2 * self.model.size + hist))
-        order = sorted(range(len(tasks)), key=lambda i: key[i])        # stable: ties keep task order
-        for a in range(0, len(order), size):
-            chunk = [tasks[i] for i in sorted(order[a:a + size], key=lambda i: -steps[i])]
-            yield from zip(chunk, self._train_chunk(chunk, rnd, lowrank))
+        # a chunk shares one custom loss and the model's constant buffers (FedCG's adjacency),
+        # which come with each task's start: split the tasks by both first
+        shared = self.model.size > self.model.n_params
+        part: dict[tuple, list[int]] = {}
+        for i, t in enumerate(tasks):
+            part.setdefault((id(t.loss), t.start.data_ptr() if shared else 0), []).append(i)
+        for idx in part.values():
+            order = sorted(idx, key=lambda i: key[i])                   # stable: ties keep task order
+            for a in range(0, len(order), size):
+                chunk = [tasks[i] for i in sorted(order[a:a + size], key=lambda i: -steps[i])]
+                yield from zip(chunk, self._train_chunk(chunk, rnd, lowrank))
 
     def _chunk_batches(self, tasks: list[Task], rnd: int):
         """The chunk's batch plans as ``rows`` (steps, C, B) (padded rows: row 0, masked), ``mask``,
@@ -277,15 +328,17 @@ class BatchedTrainer(LocalTrainer):
         return (losses * mask).sum(1) / mask.sum(1).clamp(min=1)
 
     def _results(self, tasks: list[Task], rnd: int, weights: list[torch.Tensor], loss_sum: torch.Tensor,
-                 steps: torch.Tensor) -> list[LocalResult]:
-        """``weights[i]``: task i's final flat weights, its own tensor (a caller may keep it)."""
+                 steps: torch.Tensor, aux: torch.Tensor | None = None) -> list[LocalResult]:
+        """``weights[i]``: task i's final flat weights, its own tensor (a caller may keep it);
+        ``aux[i]``: its custom loss's diagnostics summed over its steps."""
         mean_loss = (loss_sum.cpu() / steps.clamp(min=1)).tolist()
         finite = torch.isfinite(torch.stack([w.sum() for w in weights])).cpu()   # see LocalTrainer.train
         out = []
         for i, t in enumerate(tasks):
             if not math.isfinite(mean_loss[i]) or not bool(finite[i]):
                 raise DivergenceError.local(rnd, t.client, mean_loss[i])
-            out.append(LocalResult(weights[i], mean_loss[i], int(self.data.n_train[t.client]), int(steps[i])))
+            out.append(LocalResult(weights[i], mean_loss[i], int(self.data.n_train[t.client]), int(steps[i]),
+                                   None if aux is None else aux[i].clone()))
         return out
 
     @staticmethod
@@ -309,23 +362,38 @@ class BatchedTrainer(LocalTrainer):
             return self._train_chunk_lowrank(tasks, rnd, rows, mask, steps, active, lazy)
         spec, dev, P, B = self.spec, self.data.device, self.model.n_params, self.spec.batch_size
         self.model.module.train()
+        if self.model.size > P:            # constant buffers, shared by the chunk (_run_chunks)
+            self.model.flat[P:].copy_(tasks[0].start[P:])
         w = _stack([t.start for t in tasks], slice(0, P), dev)                 # (C, P)
+        loss_fn = tasks[0].loss
         mu, anchor, linear = self._terms(tasks)
-        mu = torch.tensor(mu, device=dev)[:, None]
-        anchor, linear = [[_stack(v, slice(0, P), dev)] if v else [] for v in (anchor, linear)]
+        mu = torch.tensor(mu, device=dev)
+        mus = [mu.view(-1, *[1] * len(s)) for s in self._shapes]
+        anchor, linear = [_stack(v, slice(0, P), dev) if v else None for v in (anchor, linear)]
         clip = None
         if spec.max_grad_norm is not None:                             # clip each client's g
-            clip = lambda g: g[0].mul_(clip_coef(g[0].norm(dim=1, keepdim=True), spec.max_grad_norm))  # noqa: E731
-        loss_sum = torch.zeros(len(tasks), device=dev)
+
+            def clip(g: list[torch.Tensor]) -> None:
+                norm = torch.stack([t.reshape(len(t), -1).norm(dim=1) for t in g]).norm(dim=0)
+                coef = clip_coef(norm, spec.max_grad_norm)
+                for t in g:
+                    t.mul_(coef.view(-1, *[1] * (t.dim() - 1)))
+        loss_sum, aux_sum = torch.zeros(len(tasks), device=dev), None
         shape = self.data.x["train"].shape[1:]
         for s, n in enumerate(active):
             ws, r = w[:n], rows[s, :n]
             x = self.data.inputs(r.reshape(-1)).view(n, B, *shape)
-            g, loss = self._grad(ws, x, self.data.y["train"][r], mask[s, :n])
-            sgd_step_([ws], [g], spec.lr, [mu[:n]], [a[:n] for a in anchor] or None,
-                      [c[:n] for c in linear] or None, clip)
+            g, loss, aux = self._grad(ws, x, self.data.y["train"][r], mask[s, :n], r, loss_fn)
+            sgd_step_(self._views(ws), g, spec.lr, [m[:n] for m in mus],
+                      None if anchor is None else self._views(anchor[:n]),
+                      None if linear is None else self._views(linear[:n]), clip)
             loss_sum[:n] += loss
-        return self._results(tasks, rnd, list(w.clone()), loss_sum, steps)
+            if aux is not None:
+                aux_sum = aux.new_zeros(len(tasks), aux.shape[1]) if aux_sum is None else aux_sum
+                aux_sum[:n] += aux
+        weights = [torch.cat([wi, t.start[P:].to(dev)]) if self.model.size > P else wi.clone()
+                   for wi, t in zip(w, tasks)]
+        return self._results(tasks, rnd, weights, loss_sum, steps, aux_sum)
 
     # -- low-rank dense layers ------------------------------------------------------------------
     def _lazy_layers(self, tasks: list[Task], history: int) -> list[int]:
@@ -413,6 +481,42 @@ class BatchedTrainer(LocalTrainer):
                                   w[sl[name]].view(hist[i].g.shape[2], hist[i].a.shape[2]))
                 weights.append(w)
         return self._results(tasks, rnd, weights, loss_sum, steps)
+
+
+def _running_buffers(model: FlatModel, data: DeviceData) -> bool:
+    """Whether a training-mode forward pass writes to the model's buffers (BatchNorm's running
+    statistics and batch counter), found by one forward of two random samples; the buffers, the
+    mode and the RNG are left as they were."""
+    module = model.module
+    if not any(b.is_floating_point() for b in module.buffers()):
+        return False
+    before = {n: b.clone() for n, b in module.named_buffers()}
+    mode = module.training
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, *data.x["train"].shape[1:], generator=g).to(data.device)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            module.train()
+            module(x)
+        return any(not torch.equal(b, before[n]) for n, b in module.named_buffers())
+    finally:
+        module.train(mode)
+        with torch.no_grad():
+            for n, b in module.named_buffers():
+                b.copy_(before[n])
+
+
+class _LossCall(nn.Module):
+    """``fn(net, x, y, rows, mask=mask)`` as a module's forward, so that ``functional_call`` can
+    swap in one client's parameters (names ``net.*``) for a custom ``Task.loss``."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+        self.fn = None
+
+    def forward(self, x, y, rows, mask):
+        return self.fn(self.net, x, y, rows, mask=mask)
 
 
 def _stack(vs: list, sl: slice, dev) -> torch.Tensor:

@@ -166,7 +166,8 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     evaluation_protocols = protocols(tcfg.eval_protocols)
     ck_every = int(tcfg.checkpoint_every or 0) if ckpt_path else 0
     bar = _progress(range(start, rounds + 1), run, progress)
-    clock = LocalClock(fed.trainer, fed.device)
+    # the trainer the algorithm trains with: FedCG and FedFusion build one for their own network
+    clock = LocalClock(algo.fed.trainer, fed.device)
     status = "FAILED"
     try:
         for r in bar:

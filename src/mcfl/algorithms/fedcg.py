@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 
@@ -86,9 +85,10 @@ import torch.nn.functional as F
 
 from mcfl.aggregate import WeightedSum
 from mcfl.algorithms.base import Algorithm, param_span
-from mcfl.engine import FlatModel, LocalTrainer, Task, generator
+from mcfl.engine import FlatModel, Task, generator
+from mcfl.executors import same_executor
 from mcfl.metrics import domain_scores, paired_counts, per_client_scores, summarize
-from mcfl.models.fedcg import (FedCGNet, distance_adjacency, hamming_adjacency, random_adjacency,
+from mcfl.models.fedcg import (ONE_PASS_MAX_K, FedCGNet, distance_adjacency, hamming_adjacency, random_adjacency,
                                uniform_adjacency)
 from mcfl.streams import FEDCG_ADJ, FEDCG_EXTRAS, derive_seed
 
@@ -152,6 +152,18 @@ class State:
     client_cluster: torch.Tensor  # (m,) k-means cluster per client (clustering: kmeans), else -1
 
 
+class _Objective:
+    """FedCG's local loss for one round (:meth:`FedCG.local_loss` with the round's k-means clusters):
+    vmap-safe for up to ``ONE_PASS_MAX_K`` domains, so the batched executor can stack it."""
+
+    def __init__(self, fn, cluster: torch.Tensor, K: int):
+        self.fn, self.cluster = fn, cluster
+        self.batchable = K <= ONE_PASS_MAX_K        # more: one pass per domain present (not vmap-safe)
+
+    def __call__(self, module, x, y, rows, mask=None):
+        return self.fn(module, x, y, rows, cluster=self.cluster, mask=mask)
+
+
 class FedCG(Algorithm):
     name = "FedCG"
     Params = Params
@@ -169,7 +181,7 @@ class FedCG(Algorithm):
         net.reset_extras(derive_seed(fed.seed, FEDCG_EXTRAS), alpha=p.alpha_init,
                          zero_theta=p.residual_init == "zero")
         flat = FlatModel(net, fed.device)
-        trainer = LocalTrainer(flat, fed.dev, fed.trainer.spec, fed.seed)
+        trainer = same_executor(fed.trainer, flat, fed.dev)
         self.fed = dataclasses.replace(fed, model=flat, trainer=trainer, w0=flat.get())
         self.net, self.flat = net, flat
         self.c = p.domain_lr / trainer.spec.lr if p.domain_lr else 1.0
@@ -246,30 +258,38 @@ class FedCG(Algorithm):
             return module.teacher(x).argmax(1)
 
     def local_loss(self, module: FedCGNet, x, y, rows, *, cluster: torch.Tensor,
-                   stats: torch.Tensor) -> torch.Tensor:
-        """CE(f(x; onehot(y^)), y) + c * CE(g_s(x), y^) (Eqs. 1, 3, 4 with hard assignment).
-        ``stats`` (this round's running sums, for the diagnostics) is updated in place."""
+                   mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """CE(f(x; onehot(y^)), y) + c * CE(g_s(x), y^) (Eqs. 1, 3, 4 with hard assignment), and the
+        round's diagnostics for this batch: [sum of CE_cls, sum of CE_dom, samples per domain].
+        ``mask`` (the batched executor's padded batches): the means and sums over its real rows."""
         target = self._targets(module, x, rows, cluster)
+        K = self.p.K
         with module.assigned(target):
-            cls = F.cross_entropy(module(x), y)
-        dom = F.cross_entropy(module.student(x), target)
-        with torch.no_grad():
-            stats[0] += cls.detach() * len(y)
-            stats[1] += dom.detach() * len(y)
-            stats[2:] += torch.bincount(target, minlength=self.p.K)[: self.p.K].float()
-        return cls + self.c * dom
+            logits = module(x)
+        if mask is None:                       # the sequential path: plain means
+            cls = F.cross_entropy(logits, y)
+            dom = F.cross_entropy(module.student(x), target)
+            counts = torch.bincount(target, minlength=K)[:K].float()
+            aux = torch.cat([(cls * len(y)).view(1), (dom * len(y)).view(1), counts])
+        else:
+            n = mask.sum().clamp(min=1)
+            cls = (F.cross_entropy(logits, y, reduction="none") * mask).sum() / n
+            dom = (F.cross_entropy(module.student(x), target, reduction="none") * mask).sum() / n
+            counts = (F.one_hot(target, K).float() * mask[:, None]).sum(0)
+            aux = torch.cat([(cls * n).view(1), (dom * n).view(1), counts])
+        return cls + self.c * dom, aux.detach()
 
     def round(self, state: State, clients: np.ndarray, rnd: int):
         p = self.p
         stats = torch.zeros(2 + p.K, device=self.fed.device)
-        loss = functools.partial(self.local_loss, cluster=state.client_cluster.to(self.fed.device),
-                                 stats=stats)
+        loss = _Objective(self.local_loss, state.client_cluster.to(self.fed.device), p.K)
         acc = WeightedSum(1, state.w.numel(), state.w.device)
         losses = []
         tasks = (Task(int(c), state.w, loss=loss) for c in clients)
         for _, res in self.fed.trainer.run(tasks, rnd):                             # step 1
             acc.add(0, res.weights, res.n_samples)                                  # step 2 (Eq. 2)
             losses.append(res.loss)
+            stats += res.aux
         w = acc.mean(0)
         w[self.teacher_sl] = state.w[self.teacher_sl]   # server-owned, unchanged by clients: keep them
         for *_, adj in self.layers:                     # exact (averaging n copies moves the last bit)
