@@ -69,6 +69,7 @@ def test_clusters_figure_separates_recoverable_rotations(separable, tmp_path):
     summary = clusters_figure(run, store, out / "state.pt", png, n_clients=400, seed=0)
     pts = pd.read_csv(png.with_suffix(".csv"))
     assert png.stat().st_size > 5000 and "16 of 16 clients" in summary
+    assert "between-centre distance" in summary
     assert len(pts) == 16 and pts["client"].is_unique
     a = pd.read_csv(out / "assignments.csv").set_index("client")
     assert (pts["cluster"].values == a.loc[pts["client"], "cluster"].values).all()
@@ -78,6 +79,16 @@ def test_clusters_figure_separates_recoverable_rotations(separable, tmp_path):
     few = clusters_figure(run, store, out / "state.pt", tmp_path / "few.png", n_clients=6, seed=1,
                           projection="tsne")
     assert len(pd.read_csv(tmp_path / "few.csv")) == 6 and "tsne" in few
+
+
+def test_spread_is_client_to_own_centre_over_between_centre_distance():
+    """Centres (0, 0) and (10, 0); clients 1, 1 and 3 away from their own centre: median 1 / 10."""
+    from mcfl.report.figures import _spread
+
+    centres = {0: np.array([0.0, 0.0]), 1: np.array([10.0, 0.0])}
+    feats = np.array([[1.0, 0.0], [10.0, 1.0], [10.0, -3.0]])
+    assert _spread(feats, np.array([0, 1, 1]), centres) == pytest.approx(0.1)
+    assert _spread(feats, np.array([0, 1, 1]), {0: centres[0]}) is None      # one centre: no scale
 
 
 def test_clusters_figure_rejects_unclustered_runs(digits_store, tmp_path):

@@ -24,6 +24,8 @@ cluster; non-image data (feature vectors) as a heatmap, one block of rows per cl
 
 from __future__ import annotations
 
+import textwrap
+
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +115,18 @@ def _pad2(z: np.ndarray) -> np.ndarray:
     return np.hstack([z, np.zeros((len(z), 2 - z.shape[1]))]) if z.shape[1] < 2 else z
 
 
+def _spread(feats: np.ndarray, assign: np.ndarray, centres: dict) -> float | None:
+    """Median distance of a client's local model to its own centre over the median distance
+    between centres (None with fewer than two centres): near 0, the figure's clients sit on their
+    centres and the projection shows only the centres' layout."""
+    if len(centres) < 2 or not all(int(k) in centres for k in np.unique(assign)):
+        return None
+    own = np.linalg.norm(feats - np.stack([centres[int(k)] for k in assign]), axis=1)
+    c = np.stack([centres[k] for k in sorted(centres)])
+    between = np.linalg.norm(c[:, None] - c[None], axis=2)[np.triu_indices(len(c), 1)]
+    return float(np.median(own) / np.median(between)) if np.median(between) > 0 else None
+
+
 def clusters_figure(run: dict, store: str | Path, state_path: str | Path, out: str | Path, *,
                     n_clients: int = 400, projection: str = "pca", seed: int = 0,
                     device: str | torch.device = "cpu", max_bytes: int = 1 << 30) -> str:
@@ -149,6 +163,7 @@ def clusters_figure(run: dict, store: str | Path, state_path: str | Path, out: s
         cols = np.sort(rng.choice(width, size=keep, replace=False))
         feats, centres = feats[:, cols], {k: v[cols] for k, v in centres.items()}
     ks = sorted(centres)
+    spread = _spread(feats, assign[clients], centres)
     xy, cxy, axes = project(feats.astype(np.float64),
                             np.stack([centres[k] for k in ks]).astype(np.float64) if ks else None,
                             projection, seed)
@@ -164,14 +179,21 @@ def clusters_figure(run: dict, store: str | Path, state_path: str | Path, out: s
     fig, axs = plt.subplots(1, panels, figsize=(4.6 * panels, 4.2), dpi=120, squeeze=False)
     cmap = plt.get_cmap("tab10")
     ax = axs[0, 0]
+    if cxy is not None:              # under the clients: on real writers they sit on their centre
+        for k, (x, y) in zip(ks, cxy):
+            ax.scatter([x], [y], marker="X", s=160, color=cmap(k % 10), edgecolor="k", linewidth=1,
+                       alpha=0.5, zorder=1)
     for k in np.unique(assign[clients]):
         on = assign[clients] == k
-        ax.scatter(xy[on, 0], xy[on, 1], s=14, color=cmap(int(k) % 10), label=f"cluster {k}", alpha=0.8)
-    if cxy is not None:
-        for k, (x, y) in zip(ks, cxy):
-            ax.scatter([x], [y], marker="X", s=110, color=cmap(k % 10), edgecolor="k", linewidth=1)
-    ax.set_title(f"coloured by {run['label']} cluster (x: centres)", fontsize=9)
+        ax.scatter(xy[on, 0], xy[on, 1], s=14, color=cmap(int(k) % 10), edgecolor="k", linewidth=0.3,
+                   label=f"cluster {k} ({int(on.sum())})", alpha=0.8, zorder=2)
+    title = f"coloured by {run['label']} cluster (x: centres)"
+    if spread is not None:
+        title += f"\nclient-to-own-centre / between-centre distance: {spread:.3g} (median)"
+    ax.set_title(title, fontsize=8)
     summary = f"{len(clients)} of {m} clients, {projection}"
+    if spread is not None:
+        summary += f", client-to-centre / between-centre distance {spread:.3g}"
     if truth is not None:
         ari = adjusted_rand_score(truth, assign)
         colour = match_colours(assign[clients], truth[clients])
@@ -188,8 +210,8 @@ def clusters_figure(run: dict, store: str | Path, state_path: str | Path, out: s
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=7, markerscale=0.8, loc="best")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{run['dataset']}: local models of {len(clients)} clients from {run['label']}, "
-                 f"seed {run['seed']}", fontsize=10)
+    fig.suptitle(textwrap.fill(f"{run['dataset']}: local models of {len(clients)} clients from "
+                               f"{run['label']}, seed {run['seed']}", 48 * panels), fontsize=10)
     fig.tight_layout()
     _save(fig, out)
     return summary
