@@ -17,7 +17,7 @@ export NO_MKDOCS_2_WARNING := 1
 	femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg femnist-flic docs docs-check docs-serve docs-results lock
 
 # requirements.lock pins every package (torch included) to the tested set: `make` installs exactly
-# that, with uv (about 40 s) or, where uv fails, pip (about 2 min 45 s); MCFL_INSTALLER=pip forces
+# that, with uv (about 36 s) or, where uv fails, pip (about 2 min 45 s); MCFL_INSTALLER=pip forces
 # pip. `pip install -e .` alone installs from pyproject.toml's ranges and keeps a torch already there.
 $(STAMP): pyproject.toml requirements.lock workflow/scripts/install_venv.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -39,6 +39,7 @@ def test_pip_settings_take_env_over_install_over_global(install, monkeypatch):
     assert ("--index-url", "https://install.example/simple") in flags
     assert ("--extra-index-url", "file:///b/simple") in flags and ("--find-links", "/env/wheels") in flags
     assert ("--index-strategy", "unsafe-best-match") in flags
+    assert "--compile-bytecode" in cmd            # as pip does: no per-process recompiling of torch
 
 
 def test_a_failing_uv_falls_back_to_pip_and_a_bad_choice_is_refused(install, monkeypatch, capsys):
