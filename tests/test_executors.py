@@ -189,6 +189,27 @@ def test_batchable_custom_loss_with_a_constant_buffer_stacks_like_sequential(tmp
             assert float(bat[c].aux[0]) == seen, c
 
 
+def test_a_sequential_model_with_a_constant_buffer_keeps_it_off_the_low_rank_path(tmp_path):
+    """The low-rank path writes parameters only: a model with a float buffer trains stacked, and
+    every result is the whole flat vector (parameters, then the buffer as it started)."""
+    data = _ragged_store(tmp_path)
+    torch.manual_seed(0)
+    seq_model = nn.Sequential(nn.Flatten(), nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    seq_model.register_buffer("offset", torch.tensor([0.5, -1.0]))
+    fm = FlatModel(seq_model)
+    # history 1 x 2 rows <= 0.5 x min(6, 16): without the buffer the first layer would go low-rank
+    dev, spec = DeviceData(data), LocalSpec(lr=0.3, batch_size=1, steps=2)
+    plain = FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)))
+    assert BatchedTrainer(plain, dev, spec, seed=1)._lazy_layers([Task(0, plain.get())], 2)
+    tasks = [Task(c, fm.get()) for c in range(data.n_clients)]
+    bat = BatchedTrainer(fm, dev, spec, seed=1, fallback="stacked")
+    assert bat._lazy == [] and "float buffers" in bat._why_slow()
+    seq = _results(LocalTrainer(fm, dev, spec, seed=1), tasks)
+    out = _results(bat, tasks)
+    assert all(len(w) == fm.size for w, *_ in out.values())
+    _assert_same(seq, out)
+
+
 def test_forward_macs_by_hand():
     """Conv2d(1->4, 3x3, padding 1) on 1x5x5: 4 x 5 x 5 outputs x (1 x 9) = 900; grouped
     Conv2d(4->4, 3x3, groups 2, no padding): 4 x 3 x 3 x (2 x 9) = 648; Linear(36 -> 7): 252."""

@@ -36,8 +36,8 @@ FedDANE's gradient correction c) keep it low-rank: with ``rho = 1 - lr mu``,
 FedProx's and FeSEM's anchor is the start, so their W_s has no anchor term; c) is one more GEMM per
 group of clients sharing it (a per-client c, FedDANE's, costs one GEMM per client and step). Other
 parametrised children (and the biases) run ``vmap(functional_call)`` on their own parameters and
-take the same terms in the ordinary SGD step. It applies to ``nn.Sequential`` models, to Linear
-layers with a bias whose history (steps x batch) is at most ``LOWRANK`` x min(in, out) (the
+take the same terms in the ordinary SGD step. It applies to ``nn.Sequential`` models without
+float buffers, to Linear layers with a bias whose history (steps x batch) is at most ``LOWRANK`` x min(in, out) (the
 correction terms grow with it; on the FEMNIST CNN's 3136x2048 layer, one CPU thread, it still paid
 at 0.5 and broke even near 1.0), and not to gradient clipping (``max_grad_norm``: it needs each
 step's full gradient norm). Its automatic chunk size counts, per client, two copies of the weights
@@ -190,7 +190,11 @@ class BatchedTrainer(LocalTrainer):
         self._children = list(model.module) if seq else []
         self._local = [[n for n, _ in c.named_parameters()] for c in self._children]
         self._vmapped = [vmap(lambda p, x, c=c: functional_call(c, p, (x,))) for c in self._children]
-        self._lazy = self._flat_linears(data) if lowrank > 0 and not self._unsupported else []
+        # the low-rank path writes parameters only: models with (constant) float buffers take the
+        # stacked path, which carries them over from the start
+        self._buffers = model.size > model.n_params
+        self._lazy = (self._flat_linears(data) if lowrank > 0 and not self._unsupported and not self._buffers
+                      else [])
 
     def _faster_fallback(self, data: DeviceData) -> str:
         """The faster of the stacked and the sequential path on this device (module docstring)."""
@@ -243,6 +247,8 @@ class BatchedTrainer(LocalTrainer):
             return f"the model has {self._unsupported}"
         if self.spec.max_grad_norm is not None:
             return "gradient clipping (max_grad_norm) needs each step's full gradient"
+        if self._buffers:
+            return "the model has float buffers (the low-rank path carries parameters only)"
         if not self._lazy:
             return ("lowrank=0" if self.lowrank <= 0 else
                     "the model has no nn.Linear layer with a bias on flat features in an nn.Sequential")
@@ -296,10 +302,9 @@ class BatchedTrainer(LocalTrainer):
                 size = auto_chunk(self.model, 4 * (2 * self.model.size + hist))
         # a chunk shares one custom loss and the model's constant buffers (FedCG's adjacency),
         # which come with each task's start: split the tasks by both first
-        shared = self.model.size > self.model.n_params
         part: dict[tuple, list[int]] = {}
         for i, t in enumerate(tasks):
-            part.setdefault((id(t.loss), t.start.data_ptr() if shared else 0), []).append(i)
+            part.setdefault((id(t.loss), t.start.data_ptr() if self._buffers else 0), []).append(i)
         for idx in part.values():
             order = sorted(idx, key=lambda i: key[i])                   # stable: ties keep task order
             for a in range(0, len(order), size):
@@ -362,7 +367,7 @@ class BatchedTrainer(LocalTrainer):
             return self._train_chunk_lowrank(tasks, rnd, rows, mask, steps, active, lazy)
         spec, dev, P, B = self.spec, self.data.device, self.model.n_params, self.spec.batch_size
         self.model.module.train()
-        if self.model.size > P:            # constant buffers, shared by the chunk (_run_chunks)
+        if self._buffers:                  # constant buffers, shared by the chunk (_run_chunks)
             self.model.flat[P:].copy_(tasks[0].start[P:])
         w = _stack([t.start for t in tasks], slice(0, P), dev)                 # (C, P)
         loss_fn = tasks[0].loss
@@ -391,7 +396,7 @@ class BatchedTrainer(LocalTrainer):
             if aux is not None:
                 aux_sum = aux.new_zeros(len(tasks), aux.shape[1]) if aux_sum is None else aux_sum
                 aux_sum[:n] += aux
-        weights = [torch.cat([wi, t.start[P:].to(dev)]) if self.model.size > P else wi.clone()
+        weights = [torch.cat([wi, t.start[P:].to(dev)]) if self._buffers else wi.clone()
                    for wi, t in zip(w, tasks)]
         return self._results(tasks, rnd, weights, loss_sum, steps, aux_sum)
 
@@ -486,7 +491,8 @@ class BatchedTrainer(LocalTrainer):
 def _running_buffers(model: FlatModel, data: DeviceData) -> bool:
     """Whether a training-mode forward pass writes to the model's buffers (BatchNorm's running
     statistics and batch counter), found by one forward of two random samples; the buffers, the
-    mode and the RNG are left as they were."""
+    mode and the RNG are left as they were. A model the probe cannot run counts as writing them
+    (it then trains sequentially, as every float-buffer model did before the probe)."""
     module = model.module
     if not any(b.is_floating_point() for b in module.buffers()):
         return False
@@ -497,7 +503,10 @@ def _running_buffers(model: FlatModel, data: DeviceData) -> bool:
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             module.train()
-            module(x)
+            try:
+                module(x)
+            except Exception:      # e.g. inputs a random float sample does not fit: play safe
+                return True
         return any(not torch.equal(b, before[n]) for n, b in module.named_buffers())
     finally:
         module.train(mode)

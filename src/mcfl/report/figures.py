@@ -25,7 +25,6 @@ cluster; non-image data (feature vectors) as a heatmap, one block of rows per cl
 from __future__ import annotations
 
 import textwrap
-
 from pathlib import Path
 
 import numpy as np
