@@ -190,23 +190,42 @@ def _cmd_init_centres(a) -> int:
     return 0
 
 
+def _per_run(a) -> list[dict]:
+    """``mcfl train``'s options run by run: every repeated option is given once per ``--run`` (or,
+    for the optional ones, not at all)."""
+    n = len(a.run)
+    per = {"run": a.run, "out": a.out, "centres": a.centres, "checkpoint": a.checkpoint,
+           "k_from": a.k_from}
+    for name, values in per.items():
+        if values is not None and len(values) != n:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{n} --run given but {len(values)} {flag}: give {flag} once per --run"
+                             + ("" if name in ("run", "out") else " or not at all"))
+    outs = [os.path.abspath(o) for o in a.out]
+    if len(set(outs)) != n:
+        raise ValueError(f"--out repeated: each run needs its own directory ({', '.join(a.out)})")
+    return [{k: (v[i] if v is not None else None) for k, v in per.items()} for i in range(n)]
+
+
 def _cmd_train(a) -> int:
     from mcfl.runner import train
     from mcfl.track import make_tracker
 
     from mcfl.config import parse_run
 
-    run = parse_run(a.run)
-    if run["params"].get("K") == "auto":               # checked again with the K chosen
-        run = parse_run(json.dumps(_resolve_k(run, a.k_from)))
-    tracker = make_tracker(a.tracking, run.get("experiment", "mcfl"))
-    inputs = {"centres": a.centres} if a.centres else None
-    res = train(run, a.store, a.out, inputs=inputs, tracker=tracker, device=a.device,
-                threads=a.threads, checkpoint=a.checkpoint, progress=not a.no_progress)
-    f = res["final"]
-    extra = f", ARI {f['ari']:.3f}" if "ari" in f else ""
-    print(f"{run['dataset']} {run['label']} seed {run['seed']}: micro acc {f['micro_acc']:.4f}, "
-          f"macro acc {f['macro_acc']:.4f}{extra} ({res['wall_s']} s)")
+    jobs = _per_run(a)
+    runs = [parse_run(j["run"]) for j in jobs]     # every --run checked before any trains
+    for j, run in zip(jobs, runs):
+        if run["params"].get("K") == "auto":               # checked again with the K chosen
+            run = parse_run(json.dumps(_resolve_k(run, j["k_from"])))
+        tracker = make_tracker(a.tracking, run.get("experiment", "mcfl"))
+        inputs = {"centres": j["centres"]} if j["centres"] else None
+        res = train(run, a.store, j["out"], inputs=inputs, tracker=tracker, device=a.device,
+                    threads=a.threads, checkpoint=j["checkpoint"], progress=not a.no_progress)
+        f = res["final"]
+        extra = f", ARI {f['ari']:.3f}" if "ari" in f else ""
+        print(f"{run['dataset']} {run['label']} seed {run['seed']}: micro acc {f['micro_acc']:.4f}, "
+              f"macro acc {f['macro_acc']:.4f}{extra} ({res['wall_s']} s)", flush=True)
     return 0
 
 
@@ -369,22 +388,26 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     p = sub.add_parser("check-config", help="validate a config and list its runs")
     p.add_argument("config")
     sub.add_parser("methods", help="list algorithms and their hyperparameters")
-    helps = {"init-centres": "initialise cluster centres", "train": "train one run",
+    helps = {"init-centres": "initialise cluster centres", "train": "train one run (or several: repeat --run)",
              "select-k": "choose K for a `K: auto` run (FeSEM §5.2)"}
     for name, text in helps.items():
         p = sub.add_parser(name, help=text)
-        p.add_argument("--run", required=True, help="the run's JSON (from `expand_runs`)")
+        many = {"action": "append"} if name == "train" else {}
+        p.add_argument("--run", required=True, **many, help="the run's JSON (from `expand_runs`)" + (
+            "; repeat --run (and --out, and --centres/--checkpoint/--k-from where given) to train "
+            "several runs of one store one after the other in this process, the i-th of each "
+            "option belonging to the i-th run" if many else ""))
         p.add_argument("--store", required=True, help="prepared data store")
-        p.add_argument("--out", required=True)
+        p.add_argument("--out", required=True, **many)
         p.add_argument("--device", default="auto")
         p.add_argument("--threads", type=int, default=available_cores(),
                        help="CPU threads for torch (default: the cores this process may use, here "
                             f"{available_cores()}; the workflow passes each job's `threads`)")
         if name != "select-k":
-            p.add_argument("--k-from", help="select-k result to take K from (for `K: auto` runs)")
+            p.add_argument("--k-from", **many, help="select-k result to take K from (for `K: auto` runs)")
     p = sub.choices["train"]
-    p.add_argument("--centres", help="initial centres file (from init-centres)")
-    p.add_argument("--checkpoint", help="checkpoint file: resumed from if present")
+    p.add_argument("--centres", action="append", help="initial centres file (from init-centres)")
+    p.add_argument("--checkpoint", action="append", help="checkpoint file: resumed from if present")
     p.add_argument("--tracking", action=argparse.BooleanOptionalAction, default=True,
                    help="record the run in MLflow")
     p.add_argument("--no-progress", action="store_true")

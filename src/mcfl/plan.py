@@ -19,6 +19,7 @@ always log to ``logs/``). A run's directory is ``res("runs/{dataset}/{run}/seed{
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -253,6 +254,67 @@ class Plan:
             else:
                 out.append(f"{raw}/{f}")
         return out
+
+    # -- several seeds in one training job (`seeds_per_job: all`) ----------------------------------
+    @functools.cached_property
+    def grouped(self) -> set[str]:
+        """Run ids trained one job per (dataset, run) for all seeds: with `seeds_per_job: all`, the
+        ids that exist for every configured seed (and more than one) on every dataset they run on."""
+        if self.config.get("seeds_per_job", 1) != "all":
+            return set()
+        seeds = {str(s) for s in self.config["seeds"]}
+        have: dict[tuple, set] = {}
+        for d, r, s in self.runs:
+            have.setdefault((d, r), set()).add(s)
+        ids = {r for _, r in have}
+        if len(seeds) < 2:
+            return set()
+        return {r for r in ids if all(v == seeds for (_, r2), v in have.items() if r2 == r)}
+
+    def run_constraint(self, grouped: bool) -> str:
+        """The ``{run}`` wildcard's pattern for the grouped training rule (``grouped``) or the
+        per-seed one: the two never match the same run."""
+        ids = sorted(self.grouped)
+        if grouped:
+            return "|".join(re.escape(r) for r in ids)
+        # (Snakemake embeds the pattern in the whole path's: "/" follows {run} in every path of
+        # rule train, so the look-ahead ends there, not at "$")
+        return f"(?!(?:{'|'.join(re.escape(r) for r in ids)})/){RUN_PATTERN}" if ids else RUN_PATTERN
+
+    @property
+    def group_seeds(self) -> list[str]:
+        return [str(s) for s in self.config["seeds"]]
+
+    def group_files(self, name: str) -> list[str]:
+        """``name`` of every seed's run directory of a grouped job (wildcards {dataset}, {run})."""
+        return [self.run_file(name).replace("{seed}", s) for s in self.group_seeds]
+
+    def _group_runs(self, w) -> list[dict]:
+        return [self.runs[(w.dataset, w.run, s)] for s in self.group_seeds]
+
+    def group_inputs(self, w) -> dict[str, str]:
+        """The store, and each seed's centres file and select-k result (``centres<i>``, ``k<i>``)."""
+        inputs = {"store": self.store(w.dataset)}
+        for i, run in enumerate(self._group_runs(w)):
+            if run["needs_centres"]:
+                inputs[f"centres{i}"] = self.init_path(run)
+            if run["select_k"]:
+                inputs[f"k{i}"] = self.k_input(w, run)["k"]
+        return inputs
+
+    def group_args(self, w, input) -> list[str]:
+        """``mcfl train``'s per-run options of a grouped job, seed by seed (each option repeated)."""
+        args = []
+        names = set(input.keys())
+        for i, (run, s) in enumerate(zip(self._group_runs(w), self.group_seeds)):
+            args += ["--run", canonical_json(run),
+                     "--out", self.run_dir.format(dataset=w.dataset, run=w.run, seed=s),
+                     "--checkpoint", self.res(f"checkpoints/{w.dataset}/{w.run}/seed{s}.pt")]
+            if f"centres{i}" in names:
+                args += ["--centres", getattr(input, f"centres{i}")]
+            if f"k{i}" in names:
+                args += ["--k-from", getattr(input, f"k{i}")]
+        return args
 
     # -- K selection, centres, training ----------------------------------------------------------
     def auto_k(self) -> list[tuple]:

@@ -1,5 +1,7 @@
 # One training job per (dataset, method, K, seed). Every knob of the run is in params.run, so a
-# changed value reruns exactly the affected jobs and what depends on them.
+# changed value reruns exactly the affected jobs and what depends on them. With `seeds_per_job: all`
+# the runs that exist for every seed train in one job per (dataset, run) instead (rule train_seeds):
+# the same run directories and outputs, one process start-up instead of one per seed.
 
 
 rule train:
@@ -15,6 +17,8 @@ rule train:
         P.logs("train/{dataset}/{run}/seed{seed}.log"),
     benchmark:
         P.res("benchmarks/train/{dataset}/{run}/seed{seed}.tsv")
+    wildcard_constraints:
+        run=P.run_constraint(grouped=False),
     threads: 1
     resources:
         gpu=GPU,
@@ -29,3 +33,32 @@ rule train:
         "mcfl train --run {params.run:q} --store {input.store:q} {params.centres:q} {params.k:q} "
         '--out "$(dirname {output.metrics:q})" --checkpoint {params.checkpoint:q} {params.tracking:q} '
         "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1"
+
+
+if P.grouped:
+
+    rule train_seeds:
+        input:
+            unpack(P.group_inputs),
+        output:
+            metrics=P.group_files("metrics"),
+            history=P.group_files("history"),
+            assignments=P.group_files("assignments"),
+            predictions=P.group_files("predictions"),
+            state=P.group_files("state"),
+        log:
+            P.logs("train/{dataset}/{run}/seeds.log"),
+        benchmark:
+            P.res("benchmarks/train/{dataset}/{run}/seeds.tsv")
+        wildcard_constraints:
+            run=P.run_constraint(grouped=True),
+        threads: 1
+        resources:
+            gpu=GPU,
+        params:
+            runs=P.group_args,   # --run, --out, --checkpoint [--centres] [--k-from], seed by seed
+            tracking=P.tracking_flag(),
+            device=config["device"],
+        shell:
+            "mcfl train {params.runs:q} --store {input.store:q} {params.tracking:q} "
+            "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1"
