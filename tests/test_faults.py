@@ -856,6 +856,11 @@ CLI_FAULTS = [
     ("select-k-path", ["select-k", "--run", "{file}"], r"--run: not JSON text"),
     ("download-out-file", ["download", "femnist", "--out", "{file}"], r"--out {file}: exists and is not a directory"),
     ("device-bogus", ["train", "--run", "{run}", "--device", "tpu7"], r"--device 'tpu7': not a device"),
+    ("runs-one-out", ["train", "--run", "{run}", "--run", "{run}"], r"2 --run given but 1 --out: give --out once per --run"),
+    ("runs-same-out", ["train", "--run", "{run}", "--out", "{tmp}/o", "--run", "{run}", "--out", "{tmp}/o/"],
+     r"--out repeated: each run needs its own directory"),
+    ("runs-one-centres", ["train", "--run", "{run}", "--out", "{tmp}/a", "--run", "{run}", "--out", "{tmp}/b",
+                          "--centres", "{file}"], r"2 --run given but 1 --centres: give --centres once per --run or not at all"),
     ("report-no-runs", ["report", "--out", "{tmp}/rep", "{dir}"], r"{dir}"),
 ]
 

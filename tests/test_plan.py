@@ -2,6 +2,7 @@
 job settings and paths a config yields; and the rule files hold rules only (no planning logic)."""
 
 import copy
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -155,3 +156,33 @@ def test_rule_files_declare_rules_only():
         text = f.read_text()
         assert "\ndef " not in text and not text.startswith("def "), f.name
         assert "EXTRA_TARGETS +=" not in text and "EXTRA_TARGETS.append" not in text, f.name
+
+
+def test_seeds_per_job_groups_the_runs_every_seed_has(default_plan):
+    """`seeds_per_job: all`: one training job per (dataset, run) with every seed; FedGSP's sweep
+    points (seed 0 only) keep their per-seed job, and the two rules' {run} patterns never overlap."""
+    import re
+
+    assert Plan(validate(_small())).grouped == set()                 # the schema default: 1
+    p = Plan(validate(_small(seeds_per_job="all")))
+    assert p.grouped == {r for _, r, _ in p.runs}
+    assert Plan(validate(_small(seeds_per_job="all", seeds=[3]))).grouped == set()   # one seed
+    d = default_plan
+    assert d.config["seeds_per_job"] == "all"
+    sweep_only = {r for _, r, _ in d.runs} - {r for _, r, _ in d.configured}
+    assert sweep_only and d.grouped == {r for _, r, _ in d.configured}
+    per_seed, grouped = d.run_constraint(grouped=False), d.run_constraint(grouped=True)
+    for _, run, _ in d.runs:                  # as Snakemake embeds them: "/" follows {run}
+        path = f"{run}/seed0/metrics.json"
+        one = re.fullmatch(f"(?P<run>{per_seed})/seed0/metrics.json", path) is not None
+        many = re.fullmatch(f"(?P<run>{grouped})/seed0/metrics.json", path) is not None
+        assert one != many and many == (run in d.grouped), run
+    w = SimpleNamespace(dataset="digits", run="FeSEM-K2")
+    assert d.group_files("metrics") == [f"results/runs/{{dataset}}/{{run}}/seed{s}/metrics.json" for s in "012"]
+    inputs = d.group_inputs(w)
+    assert set(inputs) == {"store", "centres0", "centres1", "centres2"}
+    args = d.group_args(w, SimpleNamespace(keys=lambda: list(inputs), **inputs))
+    assert [a for a in args if a.startswith("--")] == ["--run", "--out", "--checkpoint", "--centres"] * 3
+    assert args[args.index("--out") + 1] == "results/runs/digits/FeSEM-K2/seed0"
+    assert [json.loads(args[i + 1])["seed"] for i, a in enumerate(args) if a == "--run"] == [0, 1, 2]
+    assert args[-1] == inputs["centres2"]

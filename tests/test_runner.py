@@ -46,3 +46,45 @@ def test_outputs_have_assignments_and_identity(digits_store, tmp_path):
     assert p["client"].tolist() == np.repeat(data.client_ids, data.n_test()).tolist()
     assert p["y"].tolist() == np.asarray(data.y_test).tolist()
     assert (p["y"] == p["pred"]).mean() == pytest.approx(res["final"]["micro_acc"])
+
+
+def _outputs(d):
+    """A run directory's results without its seconds: what a grouped job must reproduce."""
+    import torch
+
+    hist = pd.read_csv(d / "history.csv")
+    hist = hist.drop(columns=[c for c in hist.columns if c.endswith("_s")])
+    m = json.loads((d / "metrics.json").read_text())
+    state = torch.load(d / "state.pt", weights_only=True)
+    return hist, m["final"], (d / "predictions.csv").read_bytes(), (d / "assignments.csv").read_bytes(), state
+
+
+@pytest.mark.parametrize("method, params", [("FedAvg", {}), ("FeSEM", {"K": 2, "restarts": 2})])
+def test_one_process_training_several_seeds_writes_what_one_job_per_seed_writes(method, params,
+                                                                                digits_store, tmp_path):
+    """`mcfl train --run A --out a --run B --out b` (the workflow's `seeds_per_job: all`): each run's
+    outputs equal those of training it alone, whatever ran before it in the process."""
+    import torch
+
+    from mcfl import cli
+
+    runs = [make_run(method=method, params=params, seed=s, rounds=2) for s in (1, 0)]
+    common = ["--store", str(digits_store), "--no-tracking", "--no-progress", "--threads", "1"]
+    for i, run in enumerate(runs):
+        assert cli.main(["train", "--run", json.dumps(run), "--out", str(tmp_path / f"alone{i}"),
+                         *common]) == 0
+    argv = ["train"]
+    for i, run in enumerate(runs):
+        argv += ["--run", json.dumps(run), "--out", str(tmp_path / f"group{i}"),
+                 "--checkpoint", str(tmp_path / f"ck{i}.pt")]
+    assert cli.main(argv + common) == 0
+    for i in range(2):
+        alone, group = _outputs(tmp_path / f"alone{i}"), _outputs(tmp_path / f"group{i}")
+        pd.testing.assert_frame_equal(alone[0], group[0])
+        assert alone[1:4] == group[1:4]
+        assert alone[4].keys() == group[4].keys()
+        for key, value in alone[4].items():
+            if torch.is_tensor(value):
+                assert torch.equal(value, group[4][key]), key
+    # the two seeds differ: the second run did not repeat the first
+    assert _outputs(tmp_path / "group0")[2] != _outputs(tmp_path / "group1")[2]
