@@ -83,3 +83,62 @@ def test_weighted_sum_tracks_empty_clusters():
     acc.add(1, torch.ones(3), 2.0)
     assert not acc.has(0) and acc.has(1)
     assert torch.equal(acc.mean(1), torch.ones(3))
+
+
+class HeadStubFed(StubFed):
+    """Models of three coordinates: a body (the first two) and an output layer (the third)."""
+
+    def __init__(self, trainer, n):
+        super().__init__(trainer, n, 3)
+        self.model.select = lambda which: {"all": slice(0, 3), "last_layer": slice(2, 3),
+                                           "head": slice(2, 3)}[which]
+
+
+def test_fesem_shared_body_averages_the_body_over_all_clients_and_the_head_per_cluster():
+    """``shared: body``: the E-step and each head as in Eq. 8-9; every centre's body is the mean of
+    ALL the round's local models' bodies, an empty cluster's too."""
+    locals_ = {0: torch.tensor([0.0, 1.0, 2.0]), 1: torch.tensor([2.0, 3.0, 4.0]),
+               2: torch.tensor([8.0, 9.0, 30.0]), 3: torch.tensor([10.0, 7.0, 34.0])}
+    fed = HeadStubFed(StubTrainer(locals_), 4)
+    centres = torch.tensor([[1.0, 1.0, 0.0], [9.0, 9.0, 30.0], [-50.0, -50.0, -50.0]])
+    state = State(centres, torch.tensor([2, 2, 2, 2]))
+    new, _ = FeSEM(fed, Params(K=3, lam=0.0, shared="body")).round(state, np.arange(4), rnd=1)
+    assert new.assign.tolist() == [0, 0, 1, 1]
+    body = torch.tensor([5.0, 5.0])                  # ([0,1] + [2,3] + [8,9] + [10,7]) / 4
+    assert torch.equal(new.centres[:, :2], body.expand(3, 2))
+    assert new.centres[:, 2].tolist() == [3.0, 32.0, -50.0]          # heads: cluster means; empty kept
+    weighted = FeSEM(fed, Params(K=3, lam=0.0, shared="body", mstep="weighted")).round(state, np.arange(4), 1)[0]
+    # weights 1, 2, 3, 4: body (1·[0,1] + 2·[2,3] + 3·[8,9] + 4·[10,7]) / 10; head 0 (1·2 + 2·4) / 3
+    assert torch.allclose(weighted.centres[:, :2], torch.tensor([6.8, 6.2]).expand(3, 2))
+    assert weighted.centres[0, 2] == pytest.approx(10 / 3)
+    plain = FeSEM(fed, Params(K=3, lam=0.0)).round(state, np.arange(4), 1)[0]
+    assert torch.equal(plain.centres[:, 2], new.centres[:, 2])          # heads: as the paper's FeSEM
+
+
+def test_fesem_shared_body_init_and_k1(digits_store):
+    """The shared-body centres start from the paper's k-means centres with one body, the mean of all
+    first local models' bodies; with K = 1 the switch changes nothing, bitwise."""
+    data = load(digits_store)
+    train = {"lr": 0.1, "batch_size": 5, "local_epochs": 1, "rounds": 2, "clients_per_round": 6}
+    fed = build_federation(data, {"name": "digits_cnn"}, train, seed=3)
+    paper = FeSEM(fed, Params(K=3, restarts=2)).init()
+    shared = FeSEM(fed, Params(K=3, restarts=2, shared="body"))
+    s = shared.init()
+    head = fed.model.select("head")
+    assert head.stop == fed.model.n_params and head.start > 0
+    assert torch.equal(s.assign, paper.assign)
+    assert torch.equal(s.centres[:, head], paper.centres[:, head])
+    counts = torch.bincount(paper.assign, minlength=3).float()
+    body = (counts[:, None] * paper.centres[:, :head.start]).sum(0) / counts.sum()
+    for k in range(3):
+        assert torch.allclose(s.centres[k, :head.start], body, atol=1e-6)
+    assert not torch.allclose(paper.centres[0, :head.start], paper.centres[1, :head.start])
+    new, _ = shared.round(s, fed.clients(1), 1)
+    assert torch.equal(new.centres[0, :head.start], new.centres[2, :head.start])
+    one = [State(fed.w0.clone()[None], torch.zeros(data.n_clients, dtype=torch.long)) for _ in range(2)]
+    algos = [FeSEM(fed, Params(K=1)), FeSEM(fed, Params(K=1, shared="body"))]
+    for r in (1, 2):
+        one = [a.round(st, fed.clients(r), r)[0] for a, st in zip(algos, one)]
+    assert torch.equal(one[0].centres, one[1].centres)
+    with pytest.raises(ValueError, match="shared must be 'none' or 'body'"):
+        Params(shared="head")

@@ -104,13 +104,15 @@ class FlatModel:
 
     def select(self, which: str) -> slice:
         """Which coordinates a distance uses: ``all`` parameters, or the ``last_layer``'s weight
-        matrix only (the FeSEM authors' code: the output layer's kernel)."""
+        matrix only (the FeSEM authors' code: the output layer's kernel); ``head`` is that kernel
+        and every parameter after it (its bias): the output layer, for methods that share the rest."""
         if which == "all":
             return slice(0, self.n_params)
-        if which == "last_layer":
+        if which in ("last_layer", "head"):
             weights = [n for n, p in self.module.named_parameters() if p.dim() >= 2]
-            return self.slices[weights[-1]]
-        raise ValueError(f"unknown parameter selection {which!r}; use 'all' or 'last_layer'")
+            kernel = self.slices[weights[-1]]
+            return kernel if which == "last_layer" else slice(kernel.start, self.n_params)
+        raise ValueError(f"unknown parameter selection {which!r}; use 'all', 'last_layer' or 'head'")
 
 
 # ------------------------------------------------------------------------------------- device data

@@ -13,6 +13,18 @@ Dist the squared L2 distance. Each round, for the sampled clients:
    ``weighted`` by sample count, the authors' intent). A centre that receives no client keeps its
    weights.
 
+Switch ``shared: body`` (not in the paper; issue 29's variant): IFCA's weight sharing (Ghosh et al.,
+NeurIPS 2020, §5: the cluster models share all layers but the last) inside FeSEM. The M-step then
+sets every centre's body (all parameters before the output layer, ``FlatModel.select("head")``) to
+the mean of ALL the round's local models' bodies (plain or weighted as ``mstep``), and only the
+output layer by Eq. 9 per cluster; the initial centres' bodies are made equal the same way (the
+mean of all first local models' bodies). Since the bodies are equal, the E-step over ``all``
+parameters ranks the centres by the output layer alone. Rationale: on the real FEMNIST writers
+FeSEM's clusters follow no per-writer statistic and each cluster model sees only its members' data
+(docs/results/femnist-sample-clusters.md); sharing the body keeps the data-hungry feature extractor
+trained on every writer, and leaves the clusters only the label-level head. ``shared: none`` (the
+default) is the paper. K = 1 makes both the same.
+
 Steps 2-3 use running per-cluster sums, so the server holds K centres + K sums + one local model,
 never all m local models. This is Algorithm 1's loop (E, M, local update) rotated to (local update,
 E, M): the same sequence of updates once the initial centres exist. Initial centres: 20-restart
@@ -42,6 +54,7 @@ class Params:
     init: str = "kmeans"             # kmeans | random
     restarts: int = 20
     init_projection: int | None = None   # k-means features: None auto, 0 exact, k a k-dim projection
+    shared: str = "none"             # none (paper) | body: one body for all centres, per-cluster heads
 
     def __post_init__(self):
         if self.distance not in ("all", "last_layer"):
@@ -50,6 +63,8 @@ class Params:
             raise ValueError(f"mstep must be 'mean' or 'weighted', got {self.mstep!r}")
         if self.init not in ("kmeans", "random"):
             raise ValueError(f"init must be 'kmeans' or 'random', got {self.init!r}")
+        if self.shared not in ("none", "body"):
+            raise ValueError(f"shared must be 'none' or 'body', got {self.shared!r}")
         if self.lam < 0:
             raise ValueError(f"lam must be >= 0, got {self.lam}")
         p = self.init_projection
@@ -68,9 +83,34 @@ def e_step(w: torch.Tensor, centres: torch.Tensor, sel: slice) -> tuple[int, flo
 State = CentresState   # centres (K, |W|), assign (m,)
 
 
+def share_body(centres: torch.Tensor, weights: torch.Tensor, body: slice) -> torch.Tensor:
+    """``shared: body``: every row of ``centres`` (K, |W|) gets the ``weights``-weighted mean of the
+    rows' ``body`` coordinates (in place; returns ``centres``). With per-cluster sums as rows and
+    their total weights, that is the mean over all the clients the sums hold."""
+    total = float(weights.sum())
+    if total > 0 and body.stop > body.start:
+        w = weights.to(centres.dtype).to(centres.device)
+        centres[:, body] = (w[:, None] * centres[:, body]).sum(0) / total
+    return centres
+
+
 class FeSEM(CentredAlgorithm):
     name = "FeSEM"
     Params = Params
+
+    def body(self) -> slice:
+        """The coordinates ``shared: body`` averages over all clients: every parameter before the
+        output layer (float buffers, if any, stay per cluster)."""
+        return slice(0, self.fed.model.select("head").start)
+
+    def init(self) -> State:
+        state = super().init()
+        if self.p.shared == "body":          # the mean of all first local models' bodies
+            members = torch.nn.functional.one_hot(state.assign, self.p.K).double()
+            if self.p.mstep == "weighted":
+                members *= torch.as_tensor(np.asarray(self.fed.n_train), dtype=torch.float64)[:, None]
+            share_body(state.centres, members.sum(0), self.body())
+        return state
 
     def round(self, state: State, clients: np.ndarray, rnd: int):
         p, fed = self.p, self.fed
@@ -87,6 +127,8 @@ class FeSEM(CentredAlgorithm):
             losses.append(res.loss)
             dmin.append(d)
         centres = torch.stack([acc.mean(k) if acc.has(k) else state.centres[k] for k in range(p.K)])
+        if p.shared == "body":               # the body: the mean over all this round's clients
+            centres[:, self.body()] = acc.sum[:, self.body()].sum(0) / float(acc.weight.sum())
         moved = int((assign != state.assign).sum())
         return State(centres, assign), {"train_loss": float(np.mean(losses)), "moved": moved,
                                         "intra_distance": float(np.mean(dmin))}
