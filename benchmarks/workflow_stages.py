@@ -44,6 +44,18 @@ def dag_wall(logs: Path) -> tuple[float, str] | None:
     return None
 
 
+def loop_seconds(res: Path, job: str) -> float:
+    """The training loops' seconds of a training job: its run's ``wall_s``, or for a job that trained
+    every seed of a run in one process (``<dataset>/<run>/seeds``, ``seeds_per_job: all``) the sum
+    over its seeds' runs. NaN where a run has no metrics.json."""
+    runs = sorted((res / "runs" / job[:-len("/seeds")]).glob("seed*")) if job.endswith("/seeds") \
+        else [res / "runs" / job]
+    files = [r / "metrics.json" for r in runs]
+    if not files or not all(f.is_file() for f in files):
+        return float("nan")
+    return sum(json.loads(f.read_text())["wall_s"] for f in files)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=ROOT / "results")
@@ -59,10 +71,7 @@ def main(argv=None) -> int:
         print(f"{stage:<10} {len(g):>5} {g.s.sum():8.1f} {g.s.mean():7.2f} {g.s.max():7.2f} "
               f"{g.max_rss_mb.max():10.0f}")
     train = df[df.stage == "train"]
-    loop = []
-    for job in train.job:
-        m = args.results / "runs" / job / "metrics.json"
-        loop.append(json.loads(m.read_text())["wall_s"] if m.is_file() else float("nan"))
+    loop = [loop_seconds(args.results, job) for job in train.job]
     if len(train) and not pd.isna(loop).all():
         train = train.assign(loop_s=loop, dataset=[j.split("/")[0] for j in train.job],
                              method=[j.split("/")[1] for j in train.job])
