@@ -54,8 +54,9 @@ def test_overlays_retrain_fedcg_tables_in_their_own_directory(tmp_path, cli_env,
                   str(ROOT / "config" / overlay), "--", f"{res}/fedcg/tables.md")
     assert r.returncode == 0, r.stderr[-3000:]
     counts = job_counts(r.stdout)
-    assert counts["train"] == 3 * seeds and counts["fedcg_tables"] == 1   # FedAvg, FedCG(3), FedCG(4)
+    # FedAvg, FedCG(3), FedCG(4): one job each training every seed (the default's seeds_per_job: all)
+    assert counts["train_seeds"] == 3 and "train" not in counts and counts["fedcg_tables"] == 1
     assert f"{res}/runs/digits_domains/FedCG-K4/seed{seeds - 1}/metrics.json" in r.stdout
-    assert f"log: {res}/logs/train/digits_domains/FedAvg/seed0.log" in r.stdout   # not the default's
+    assert f"log: {res}/logs/train/digits_domains/FedAvg/seeds.log" in r.stdout   # not the default's
     assert " results/runs/" not in r.stdout and " logs/train" not in r.stdout
     assert r.stdout.count(train) == 3 * seeds
