@@ -56,7 +56,7 @@ if P.grouped:
         resources:
             gpu=GPU,
         params:
-            runs=P.group_args,   # --run, --out, --checkpoint [--centres] [--k-from], seed by seed
+            runs=P.group_args,  # --run, --out, --checkpoint [--centres] [--k-from], seed by seed
             tracking=P.tracking_flag(),
             device=config["device"],
         shell:
