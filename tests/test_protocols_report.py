@@ -56,6 +56,9 @@ def test_table_numbers_by_hand(tmp_path):
     assert fesem["sign_p"] == pytest.approx(binomtest(4, 5, 0.5).pvalue)
     assert pd.isna(fedavg["diff_vs_ref_mean"])
     md = (tmp_path / "out" / "tab.md").read_text()
+    assert md.startswith("# FeSEM's Table 2 on real FEMNIST writers\n")          # the default title
+    write(runs, tmp_path / "titled", title="Two methods")
+    assert (tmp_path / "titled.md").read_text().startswith("# Two methods\n")
     assert "| FeSEM(2) | 84.8 ± 1.1 | not run | 75.0 ± 21.2 |" in md and "`v1`" in md
     assert "cpu (AVX2, 1 thread(s), torch 2.x)" in md
 
@@ -80,7 +83,7 @@ def test_femnist_sample_config_small_variant_end_to_end(tmp_path, cli_env):
     cfg["datasets"]["femnist_sample"]["train"].update(rounds=2, eval_every=2, checkpoint_every=0)
     cfg["methods"] = [{"method": "FedAvg"}, {"method": "FeSEM", "K": 2, "restarts": 2}]
     cfg["figures"] = {"clusters": {"run": None}, "cases": {"run": None}}
-    cfg["protocols"]["out"] = "tables/femnist-sample"
+    cfg["protocols"].update(out="tables/femnist-sample", title="Two methods, two rounds")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     r = snakemake(tmp_path, cli_env, "--configfile", str(tmp_path / "c.yaml"))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -92,7 +95,8 @@ def test_femnist_sample_config_small_variant_end_to_end(tmp_path, cli_env):
                              / "seed0" / "predictions.csv"))
     assert n_test == 1685                                          # every test image of the 105 writers
     assert t.loc[1, "only_this"] + t.loc[1, "only_ref"] <= n_test
-    assert "not run" in (tmp_path / "tables" / "femnist-sample.md").read_text()
+    md = (tmp_path / "tables" / "femnist-sample.md").read_text()
+    assert "not run" in md and md.startswith("# Two methods, two rounds\n")      # protocols.title
     clusters = pd.read_csv(tmp_path / "tables" / "femnist-sample-clusters.csv")
     assert set(clusters["label"]) == {"FeSEM(2)"} and clusters["eta2"].between(0, 1).all()
 

@@ -286,7 +286,7 @@ def _cmd_report_fedcg(a) -> int:
 def _cmd_report_protocols(a) -> int:
     from mcfl.report.protocols import write
 
-    write(a.runs, a.out, paper_results=a.paper_results, reference=a.reference)
+    write(a.runs, a.out, paper_results=a.paper_results, reference=a.reference, title=a.title or None)
     return 0
 
 
@@ -440,6 +440,7 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     p.add_argument("--paper-results", help="results directory of the paper-protocol config (its finished "
                                            "runs are shown; absent or empty = 'not run')")
     p.add_argument("--reference", default="FedAvg", help="label of the method of the paired comparison")
+    p.add_argument("--title", default="", help="the table's heading (empty: FeSEM's Table 2's)")
     p.add_argument("runs", nargs="+", help="run directories (metrics.json, predictions.csv)")
     p = sub.add_parser("report-writers", help="per-writer image statistics against clustered runs' "
                                               "clusters (OUT.csv, OUT.md)")

@@ -385,10 +385,10 @@ class Plan:
     # -- real-writer protocol table, writer statistics, publishing (issue 29) ----------------------
     @property
     def protocols(self) -> dict:
-        """The ``protocols`` block with its fallbacks (reference FedAvg, no paper-protocol results),
-        or ``{}`` when the config has none."""
+        """The ``protocols`` block with its fallbacks (reference FedAvg, no paper-protocol results,
+        the default title), or ``{}`` when the config has none."""
         p = self.config.get("protocols") or {}
-        return {"reference": "FedAvg", "paper_results": "", **p} if p else {}
+        return {"reference": "FedAvg", "paper_results": "", "title": "", **p} if p else {}
 
     def clustered_runs(self) -> list[str]:
         """Run directories of FeSEM / FeSEM-MA runs, when they are all on one dataset (the writer

@@ -18,9 +18,10 @@ if P.protocols:
             out=lambda w: P.protocols["out"],
             reference=P.protocols["reference"],
             paper=P.protocols["paper_results"],
+            title=P.protocols["title"],
         shell:
             "mcfl report-protocols --out {params.out:q} --reference {params.reference:q} "
-            "--paper-results {params.paper:q} {params.runs:q} > {log:q} 2>&1"
+            "--paper-results {params.paper:q} --title {params.title:q} {params.runs:q} > {log:q} 2>&1"
 
 
 if P.protocols and P.clustered_runs():

@@ -33,6 +33,7 @@ from mcfl.report.format import markdown_table, mean_std
 from mcfl.report.paper import paper_tables
 
 METRIC = "micro_acc"
+TITLE = "FeSEM's Table 2 on real FEMNIST writers"   # the table's heading unless a config names one
 PAPER_EVAL = "v1"          # the named protocol that scores the paper-protocol runs as the authors did
 
 
@@ -152,7 +153,7 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -
 
 
 def write(run_dirs: list[str | Path], out: str | Path, *, paper_results: str | Path | None = None,
-          reference: str = "FedAvg", title: str = "FeSEM's Table 2 on real FEMNIST writers") -> pd.DataFrame:
+          reference: str = "FedAvg", title: str | None = None) -> pd.DataFrame:
     """Write ``<out>.csv`` and ``<out>.md`` from this config's runs and the paper-protocol runs."""
     runs, paper_runs = load(run_dirs), load(finished(paper_results))
     if not any(m["label"] == reference for m in runs):
@@ -163,5 +164,5 @@ def write(run_dirs: list[str | Path], out: str | Path, *, paper_results: str | P
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out.with_suffix(".csv")) as tmp:
         t.round(4).to_csv(tmp, index=False)
-    write_text(out.with_suffix(".md"), to_markdown(t, protocol_names(runs), reference, title))
+    write_text(out.with_suffix(".md"), to_markdown(t, protocol_names(runs), reference, title or TITLE))
     return t
