@@ -127,3 +127,23 @@ def test_every_results_file_is_on_a_page():
     for f in sorted((ROOT / "docs" / "results").glob("*.md")):
         rel = f.relative_to(ROOT / "docs").as_posix()
         assert rel in included, f"{rel} is included by no page: add `<!-- include: {rel} -->`"
+
+
+def test_archive_runs_keeps_the_small_outputs_of_finished_runs_only(tmp_path):
+    """docs/tools/archive_runs.py: metrics, history, predictions and assignments of every run with a
+    metrics.json, under <dest>/<results dir>/<dataset>/<run>/seed<s>/; no state.pt, no unfinished run."""
+    archive = _load("archive_runs").archive
+    res = tmp_path / "results-study"
+    done, running = res / "runs" / "femnist_sample" / "FeSEM-K3" / "seed0", res / "runs" / "femnist_sample" / "FedAvg" / "seed1"
+    for d in (done, running):
+        d.mkdir(parents=True)
+        for name in ("history.csv", "predictions.csv", "assignments.csv", "state.pt"):
+            (d / name).write_text(f"{d.name} {name}")
+    (done / "metrics.json").write_text("{}")
+    out = archive(res, tmp_path / "kept")
+    kept = tmp_path / "kept" / "results-study" / "femnist_sample" / "FeSEM-K3" / "seed0"
+    assert out == [kept]
+    assert sorted(p.name for p in kept.iterdir()) == ["assignments.csv", "history.csv", "metrics.json",
+                                                      "predictions.csv"]
+    assert (kept / "predictions.csv").read_text() == "seed0 predictions.csv"
+    assert not (tmp_path / "kept" / "results-study" / "femnist_sample" / "FedAvg").exists()
