@@ -142,3 +142,63 @@ def test_fesem_shared_body_init_and_k1(digits_store):
     assert torch.equal(one[0].centres, one[1].centres)
     with pytest.raises(ValueError, match="shared must be 'none' or 'body'"):
         Params(shared="head")
+
+
+def test_fesem_warmup_is_fesem1_until_round_r_then_kmeans_on_updates_from_the_warm_model(digits_store):
+    """``warmup: R``: rounds 1..R are FeSEM(1) bitwise (every centre the same model); after round R
+    the centres are the k-means initialisation of every client's local update from that model."""
+    from mcfl.cluster.init import init_centres
+
+    data = load(digits_store)
+    train = {"lr": 0.1, "batch_size": 5, "local_epochs": 1, "rounds": 3, "clients_per_round": 6}
+    fed = build_federation(data, {"name": "digits_cnn"}, train, seed=4)
+    warm = FeSEM(fed, Params(K=3, restarts=2, warmup=2))
+    s = warm.init()
+    assert torch.equal(s.centres, fed.w0.expand(3, -1)) and s.assign.eq(0).all()
+    one, so = FeSEM(fed, Params(K=1)), State(fed.w0.clone()[None], torch.zeros(data.n_clients, dtype=torch.long))
+    s, _ = warm.round(s, fed.clients(1), 1)
+    so, _ = one.round(so, fed.clients(1), 1)
+    for k in range(3):
+        assert torch.equal(s.centres[k], so.centres[0])
+    assert s.assign.eq(0).all()
+    before = s
+    s, diag = warm.round(s, fed.clients(2), 2)
+    so, _ = one.round(so, fed.clients(2), 2)
+    ref = init_centres(fed, 3, restarts=2, start=so.centres[0], rnd=2)
+    assert torch.equal(s.centres, ref.centres) and torch.equal(s.assign, ref.assign)
+    assert len(torch.unique(s.assign)) == 3 and not torch.equal(s.centres[0], s.centres[1])
+    assert diag["moved"] == int((s.assign != before.assign).sum())
+    # the warm model's updates, not the first local models: other features, other centres
+    assert not torch.equal(ref.centres, init_centres(fed, 3, restarts=2).centres)
+    s3, _ = warm.round(s, fed.clients(3), 3)                 # from here on the paper's FeSEM(3)
+    paper, _ = FeSEM(fed, Params(K=3, restarts=2)).round(s, fed.clients(3), 3)
+    assert torch.equal(s3.centres, paper.centres) and torch.equal(s3.assign, paper.assign)
+
+
+def test_fesem_warmup_recovers_rotations_from_the_warm_model(tmp_path):
+    """Known cluster recovery: digits with IID labels and 4 rotations; after one warm-up round the
+    k-means on the clients' updates from the common model puts each rotation in its own cluster."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from mcfl.data import prepare
+
+    store = prepare("digits", tmp_path / "store", clients=16, clusters=4, alpha=1000.0, seed=0)
+    data = load(store)
+    train = {"lr": 0.05, "batch_size": 10, "local_epochs": 3, "rounds": 1}
+    fed = build_federation(data, {"name": "digits_cnn"}, train, seed=0)
+    algo = FeSEM(fed, Params(K=4, restarts=20, warmup=1))
+    s, _ = algo.round(algo.init(), fed.clients(1), 1)
+    assert adjusted_rand_score(np.asarray(data.cluster), s.assign.numpy()) == 1.0
+
+
+def test_fesem_warmup_needs_no_centre_file_and_is_checked():
+    from mcfl.algorithms.fesem_ma import FeSEMMA
+    from mcfl.algorithms.fesem_ma import Params as MAParams
+
+    assert FeSEM.uses_centres({"K": 3, "warmup": 0}) and not FeSEM.uses_centres({"K": 3, "warmup": 5})
+    assert FeSEMMA.uses_centres({"K": 3})
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="warmup must be an integer >= 0"):
+            Params(warmup=bad)
+    with pytest.raises(ValueError, match="FeSEM-MA has the paper's M-step only"):
+        MAParams(warmup=3)

@@ -462,7 +462,7 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                                  "model": dict(ds["model"]), "train": train,
                                  "data": dict(ds["prepare"]), "experiment": cfg["experiment"],
                                  "partition": partition_label(ds.get("partition")),
-                                 "needs_centres": cls.needs_centres,
+                                 "needs_centres": cls.uses_centres(params),
                                  "select_k": _select_k(entry) if K == "auto" else None})
     return runs
 

@@ -63,6 +63,12 @@ class Algorithm:
         self.fed = fed
         self.p = params
 
+    @classmethod
+    def uses_centres(cls, params: dict) -> bool:
+        """Whether a run with these parameters (a dict, as in the run's JSON) needs the DAG's
+        centre file: ``needs_centres`` unless a method's parameters say otherwise."""
+        return cls.needs_centres
+
     def init(self):
         raise NotImplementedError
 

@@ -25,6 +25,18 @@ FeSEM's clusters follow no per-writer statistic and each cluster model sees only
 trained on every writer, and leaves the clusters only the label-level head. ``shared: none`` (the
 default) is the paper. K = 1 makes both the same.
 
+Switch ``warmup: R`` (not in the paper; issue 29's other variant): the centres are initialised
+from later updates instead of the first local models. Rounds 1..R train one model for everyone,
+FeSEM with a single centre (the local update of Eq. 7 from it, the M-step of Eq. 9 over all the
+round's clients; bitwise FeSEM(1)); after round R the server clusters every client's local update
+from that warm model (the same k-means initialisation, :func:`mcfl.cluster.init.init_centres`
+with ``start`` = the warm model and round R's batches) and FeSEM proceeds from those K centres.
+Rationale: on the real FEMNIST writers the first local models, trained from random weights, give
+clusters that follow no per-writer statistic (docs/results/femnist-sample-clusters.md); updates
+from a model that already reads characters can differ by what the writers' data still teach it.
+A warm-up run needs no centre file (the k-means runs inside round R); ``warmup: 0`` (the
+default) is the paper.
+
 Steps 2-3 use running per-cluster sums, so the server holds K centres + K sums + one local model,
 never all m local models. This is Algorithm 1's loop (E, M, local update) rotated to (local update,
 E, M): the same sequence of updates once the initial centres exist. Initial centres: 20-restart
@@ -55,6 +67,7 @@ class Params:
     restarts: int = 20
     init_projection: int | None = None   # k-means features: None auto, 0 exact, k a k-dim projection
     shared: str = "none"             # none (paper) | body: one body for all centres, per-cluster heads
+    warmup: int = 0                  # R > 0: rounds 1..R as FeSEM(1), then k-means on updates from it
 
     def __post_init__(self):
         if self.distance not in ("all", "last_layer"):
@@ -67,6 +80,8 @@ class Params:
             raise ValueError(f"shared must be 'none' or 'body', got {self.shared!r}")
         if self.lam < 0:
             raise ValueError(f"lam must be >= 0, got {self.lam}")
+        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
+            raise ValueError(f"warmup must be an integer >= 0 (rounds), got {self.warmup!r}")
         p = self.init_projection
         if p is not None and (not isinstance(p, int) or isinstance(p, bool) or p < 0):
             raise ValueError(f"init_projection must be null or an integer >= 0, got {p!r}")
@@ -103,8 +118,17 @@ class FeSEM(CentredAlgorithm):
         output layer (float buffers, if any, stay per cluster)."""
         return slice(0, self.fed.model.select("head").start)
 
+    @classmethod
+    def uses_centres(cls, params: dict) -> bool:
+        return not params.get("warmup")      # a warm-up run clusters inside its round R
+
     def init(self) -> State:
-        state = super().init()
+        if self.p.warmup:                    # one model for all until round R: K copies of w0
+            w0 = self.fed.w0
+            return State(w0.expand(self.p.K, -1).clone(), torch.zeros(self.fed.n_clients, dtype=torch.long))
+        return self._shared_body(super().init())
+
+    def _shared_body(self, state: State) -> State:
         if self.p.shared == "body":          # the mean of all first local models' bodies
             members = torch.nn.functional.one_hot(state.assign, self.p.K).double()
             if self.p.mstep == "weighted":
@@ -114,21 +138,36 @@ class FeSEM(CentredAlgorithm):
 
     def round(self, state: State, clients: np.ndarray, rnd: int):
         p, fed = self.p, self.fed
+        warm = rnd <= p.warmup               # warm-up: FeSEM(1) on the first centre
+        K = 1 if warm else p.K
         sel = fed.model.select(p.distance)
         assign = state.assign.clone()
-        acc = WeightedSum(p.K, fed.model.size, fed.device)
+        acc = WeightedSum(K, fed.model.size, fed.device)
         tasks = (Task(int(c), state.centres[int(state.assign[c])], state.centres[int(state.assign[c])],
                       mu=p.lam) for c in clients)
         losses, dmin = [], []
         for task, res in fed.trainer.run(tasks, rnd):
-            k, d = e_step(res.weights, state.centres, sel)                         # E-step, Eq. 8
+            k, d = e_step(res.weights, state.centres[:K], sel)                     # E-step, Eq. 8
             assign[task.client] = k
             acc.add(k, res.weights, res.n_samples if p.mstep == "weighted" else 1.0)  # Eq. 9 sums
             losses.append(res.loss)
             dmin.append(d)
-        centres = torch.stack([acc.mean(k) if acc.has(k) else state.centres[k] for k in range(p.K)])
+        centres = torch.stack([acc.mean(k) if acc.has(k) else state.centres[k] for k in range(K)])
         if p.shared == "body":               # the body: the mean over all this round's clients
             centres[:, self.body()] = acc.sum[:, self.body()].sum(0) / float(acc.weight.sum())
-        moved = int((assign != state.assign).sum())
-        return State(centres, assign), {"train_loss": float(np.mean(losses)), "moved": moved,
-                                        "intra_distance": float(np.mean(dmin))}
+        diag = {"train_loss": float(np.mean(losses)), "moved": int((assign != state.assign).sum()),
+                "intra_distance": float(np.mean(dmin))}
+        if warm:
+            new = State(centres.expand(p.K, -1).clone(), assign)
+            if rnd == p.warmup:              # the k-means initialisation, on updates from the warm model
+                new = self._warm_centres(centres[0], rnd)
+                diag["moved"] = int((new.assign != state.assign).sum())
+            return new, diag
+        return State(centres, assign), diag
+
+    def _warm_centres(self, warm: torch.Tensor, rnd: int) -> State:
+        from mcfl.cluster.init import init_centres
+        from mcfl.cluster.spec import centre_options
+
+        c = init_centres(self.fed, self.p.K, start=warm, rnd=rnd, **centre_options(self.p))
+        return self._shared_body(State(c.centres, c.assign))

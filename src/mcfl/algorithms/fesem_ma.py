@@ -43,6 +43,9 @@ class Params(FeSEMParams):
         super().__post_init__()
         if self.match_iters < 1:
             raise ValueError(f"match_iters must be >= 1, got {self.match_iters}")
+        if self.shared != "none" or self.warmup:
+            raise ValueError("FeSEM-MA has the paper's M-step only: shared and warmup are FeSEM's "
+                             "switches (method: FeSEM)")
 
 
 class FeSEMMA(FeSEM):

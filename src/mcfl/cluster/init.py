@@ -90,17 +90,23 @@ def projection_dim(m: int, d: int, projection: int | None) -> int:
     return PROJECTION_DIM if m * d * 4 > FEATURE_BYTES and d > PROJECTION_DIM else 0
 
 
-def first_local_models(fed: Federation):
-    tasks = (Task(c, fed.w0) for c in range(fed.n_clients))
-    for task, res in fed.trainer.run(tasks, INIT_ROUND):
+def first_local_models(fed: Federation, start: torch.Tensor | None = None, rnd: int = INIT_ROUND):
+    """Every client's local model trained from ``start`` (default: the common initial weights) with
+    round ``rnd``'s batches."""
+    start = fed.w0 if start is None else start
+    tasks = (Task(c, start) for c in range(fed.n_clients))
+    for task, res in fed.trainer.run(tasks, rnd):
         yield task.client, res
 
 
 def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str = "all",
                  weighted: bool = False, method: str = "kmeans", projection: int | None = None,
-                 keep_bytes: int = 256 << 20) -> Centres:
+                 keep_bytes: int = 256 << 20, start: torch.Tensor | None = None,
+                 rnd: int = INIT_ROUND) -> Centres:
     """Initial centres from the clients' first local models (see the module docstring);
-    ``projection``: None = automatic, 0 = exact coordinates, k = a k-dimensional CountSketch."""
+    ``projection``: None = automatic, 0 = exact coordinates, k = a k-dimensional CountSketch.
+    ``start``/``rnd``: cluster the local models trained from another model than the initial weights
+    (FeSEM's ``warmup``: the warm model of round ``rnd``), with that round's batches."""
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_limits
 
@@ -111,7 +117,7 @@ def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str =
     d = sel.stop - sel.start
     k = projection_dim(m, d, projection) if method == "kmeans" else 0
     sketch = CountSketch(d, k, derive_seed(fed.seed, SKETCH), fed.device) if k else None
-    w0 = fed.w0[sel]
+    w0 = (fed.w0 if start is None else start)[sel]
 
     def features(w: torch.Tensor) -> torch.Tensor:    # projected update, or the exact coordinates
         return sketch(w[..., sel] - w0) if sketch else w[..., sel]
@@ -119,7 +125,7 @@ def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str =
     keep = m * size * 4 <= keep_bytes
     feats = np.empty((m, k or d), dtype=np.float32)
     full = torch.empty(m, size, device=fed.device) if keep else None
-    for c, res in first_local_models(fed):
+    for c, res in first_local_models(fed, start, rnd):
         feats[c] = features(res.weights).cpu().numpy()
         if keep:
             full[c] = res.weights
@@ -139,7 +145,7 @@ def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str =
         raise ValueError(f"unknown centre initialisation {method!r}; use 'kmeans' or 'random'")
     acc = WeightedSum(K, size, fed.device)
     models = ((c, full[c]) for c in range(m)) if keep else \
-        ((c, res.weights) for c, res in first_local_models(fed))
+        ((c, res.weights) for c, res in first_local_models(fed, start, rnd))
     for c, w in models:
         acc.add(int(labels[c]), w, float(fed.n_train[c]) if weighted else 1.0)
     centres = torch.stack([acc.mean(j) for j in range(K)])
