@@ -84,6 +84,7 @@ def test_femnist_sample_config_small_variant_end_to_end(tmp_path, cli_env):
     cfg["methods"] = [{"method": "FedAvg"}, {"method": "FeSEM", "K": 2, "restarts": 2}]
     cfg["figures"] = {"clusters": {"run": None}, "cases": {"run": None}}
     cfg["protocols"].update(out="tables/femnist-sample", title="Two methods, two rounds")
+    del cfg["protocols"]["paper_results"]       # optional: the command must then leave out the flag
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     r = snakemake(tmp_path, cli_env, "--configfile", str(tmp_path / "c.yaml"))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -390,6 +390,12 @@ class Plan:
         p = self.config.get("protocols") or {}
         return {"reference": "FedAvg", "paper_results": "", "title": "", **p} if p else {}
 
+    @staticmethod
+    def option(flag: str, value: str) -> list[str]:
+        """``[flag, value]`` for a shell command, or nothing when ``value`` is empty (Snakemake's
+        ``:q`` renders an empty string as nothing, which would leave ``flag`` without its value)."""
+        return [flag, value] if value else []
+
     def clustered_runs(self) -> list[str]:
         """Run directories of FeSEM / FeSEM-MA runs, when they are all on one dataset (the writer
         statistics are per store); otherwise none."""

@@ -17,11 +17,12 @@ if P.protocols:
             runs=P.run_dirs(),
             out=lambda w: P.protocols["out"],
             reference=P.protocols["reference"],
-            paper=P.protocols["paper_results"],
-            title=P.protocols["title"],
+            # optional: left out when absent (`:q` renders an empty string as nothing)
+            paper=P.option("--paper-results", P.protocols["paper_results"]),
+            title=P.option("--title", P.protocols["title"]),
         shell:
             "mcfl report-protocols --out {params.out:q} --reference {params.reference:q} "
-            "--paper-results {params.paper:q} --title {params.title:q} {params.runs:q} > {log:q} 2>&1"
+            "{params.paper:q} {params.title:q} {params.runs:q} > {log:q} 2>&1"
 
 
 if P.protocols and P.clustered_runs():
