@@ -29,6 +29,7 @@ def base():
     (lambda c: c["methods"][2].update(lamda=1), r"methods\[2\]\.lamda: unknown parameter of FeSEM"),
     (lambda c: c["methods"][0].update(K=2), r"methods\[0\]\.K: FedAvg does not take K"),
     (lambda c: c["methods"][2].update(distance="cosine"), r"methods\[2\]\.distance: distance must be"),
+    (lambda c: c["methods"][2].update(warmup=30), r"methods\[2\]\.warmup: 30 warm-up rounds leave none of digits's 30"),
     (lambda c: c["datasets"]["digits"]["prepare"].update(clinets=5), r"datasets\.digits\.prepare\.clinets: unknown"),
     (lambda c: c["datasets"]["digits"]["model"].update(name="resnet"), r"datasets\.digits\.model\.name"),
     (lambda c: c.update(sedes=[1]), r"Additional properties are not allowed \('sedes'"),
@@ -113,3 +114,13 @@ def test_every_shipped_config_is_valid(name):
     if "methods" not in cfg:
         cfg = _merged(default_config(), cfg)
     validate(cfg, name)
+
+
+def test_a_warm_up_run_needs_no_centre_file():
+    """FeSEM ``warmup: R`` clusters inside round R, so the plan schedules no init_centres job for it."""
+    cfg = base()
+    cfg["methods"][2].update(K=3, warmup=5)
+    runs = [r for r in expand_runs(validate(cfg)) if r["method"] == "FeSEM"]
+    assert runs and all(r["params"]["warmup"] == 5 and not r["needs_centres"] for r in runs)
+    cfg["methods"][2]["warmup"] = 0
+    assert all(r["needs_centres"] for r in expand_runs(validate(cfg)) if r["method"] == "FeSEM")

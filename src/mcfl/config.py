@@ -456,6 +456,9 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                 label, run_id = (f"{base}({k})", f"{base}-K{k}") if k is not None else (base, base)
                 label = entry.get("label", label)
                 train = {**ds["train"], **entry.get("train", {})}
+                if params.get("warmup", 0) >= train["rounds"]:       # FeSEM's warm-up must end
+                    raise ConfigError(f"methods[{i}].warmup: {params['warmup']} warm-up rounds leave none "
+                                      f"of {dname}'s {train['rounds']} rounds to the K clusters; use fewer")
                 for seed in cfg["seeds"]:
                     runs.append({"dataset": dname, "method": cls.name, "label": label,
                                  "run_id": run_id, "seed": int(seed), "params": params,
