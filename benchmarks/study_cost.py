@@ -52,7 +52,7 @@ def time_run(run: dict, store, device: str, rounds: int, warmup: int) -> dict[st
     r = warmup + rounds
     t = time.perf_counter()
     evaluate(algo, state, fed, finetune_epochs=int(tcfg.get("finetune_epochs", 0)), rnd=r)
-    for proto in protocols(tcfg).values():
+    for proto in protocols(tcfg.get("eval_protocols")).values():
         evaluate_protocol(proto, algo, state, fed, r)
     eval_s = time.perf_counter() - t
     total_rounds, every = int(tcfg["rounds"]), int(tcfg["eval_every"])

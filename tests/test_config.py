@@ -124,3 +124,37 @@ def test_a_warm_up_run_needs_no_centre_file():
     assert runs and all(r["params"]["warmup"] == 5 and not r["needs_centres"] for r in runs)
     cfg["methods"][2]["warmup"] = 0
     assert all(r["needs_centres"] for r in expand_runs(validate(cfg)) if r["method"] == "FeSEM")
+
+
+#: (input shape, classes) of each source's samples, as its store writes them
+SOURCE_SHAPES = {"digits": ((1, 8, 8), 10), "digits_domains": ((1, 8, 8), 10),
+                 "femnist": ((1, 28, 28), 62), "femnist_sample": ((1, 28, 28), 62),
+                 "celeba": ((3, 84, 84), 2)}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "config").glob("*.yaml")
+                                        if "method: FedCG" in p.read_text()))
+def test_every_shipped_fedcg_run_builds_its_network(name):
+    """The schema cannot know a layer's size, so a FedCG run whose GCN projection is too large for
+    its network (a d x d W on the FEMNIST CNN's last convolution: d = 51,264) passes validation and
+    fails only when its job starts. Build each shipped FedCG run's network on its dataset's shape."""
+    import torch
+
+    from mcfl.algorithms.fedcg import Params
+    from mcfl.models import build
+    from mcfl.models.fedcg import FedCGNet
+
+    cfg = yaml.safe_load((ROOT / "config" / name).read_text())
+    if "methods" not in cfg:
+        cfg = _merged(default_config(), cfg)
+    runs = [r for r in expand_runs(validate(cfg, name)) if r["method"] == "FedCG" and r["seed"] == cfg["seeds"][0]]
+    assert runs
+    for run in runs:
+        ds = cfg["datasets"][run["dataset"]]
+        shape, classes = SOURCE_SHAPES[ds["prepare"]["source"]]
+        model = dict(ds["model"])
+        with torch.device("meta"):                     # shapes only: no memory for the projections
+            backbone = build(model.pop("name"), shape, classes, **model)
+            p = Params(**run["params"])
+            FedCGNet(backbone, shape, p.K, layers=p.layers, agnostic=p.agnostic, gcn=p.gcn,
+                     projection=p.projection, relu=p.relu, gcn_layers=p.gcn_layers, bottleneck=p.bottleneck)

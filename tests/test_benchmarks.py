@@ -1,0 +1,54 @@
+"""The benchmark scripts that plan studies run on a small config and print arithmetic that adds up.
+
+``benchmarks/study_cost.py`` is what a session runs before starting a multi-hour study; it once
+broke silently (it passed the whole train dict where the evaluation protocols were expected, so
+every config with ``eval_protocols`` failed before timing anything)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_study_cost_times_every_run_and_adds_up(tmp_path):
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    digits = cfg["datasets"]["digits"]
+    digits["prepare"].update(clients=12)
+    digits["train"].update(rounds=7, eval_every=3, local_epochs=1,
+                           eval_protocols={"active": {"clients": "active"},
+                                           "finetune": {"clients": "all", "finetune_epochs": 1}})
+    cfg["datasets"] = {"digits": digits}
+    cfg["seeds"] = [0, 1]
+    for block in ("fedgsp", "figures"):
+        cfg.pop(block, None)
+    cfg["methods"] = [{"method": "FedAvg"}, {"method": "FeSEM", "K": 2, "restarts": 2}]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"),
+                                                                     os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "study_cost.py"), str(path),
+                        "--rounds", "2", "--warmup", "0", "--data", str(tmp_path / "data")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in r.stdout.splitlines()
+            if line.startswith("| digits |")]
+    assert [c[1].strip() for c in rows] == ["FedAvg", "FeSEM-K2"]
+    total_min = 0.0
+    for _, _, executor, round_s, eval_s, init_s, run_min in rows:
+        assert executor.strip() == "batched"
+        round_s, eval_s, init_s, run_min = map(float, (round_s, eval_s, init_s, run_min))
+        assert round_s > 0 and eval_s > 0
+        # 7 rounds, evaluated at 3, 6 and the last: 3 evaluations (to the printed rounding)
+        expect = (init_s + 7 * round_s + 3 * eval_s) / 60
+        assert abs(run_min - expect) <= 0.05 + 0.01 * expect
+        total_min += 2 * run_min                                   # both seeds cost the same
+    total = re.search(r"Total \(all 2 seeds.*: ([0-9.]+) h \((\d+) min\)", r.stdout)
+    assert total, r.stdout
+    assert abs(float(total.group(2)) - total_min) <= 1 + 0.1 * len(rows)
