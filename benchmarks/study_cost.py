@@ -34,10 +34,11 @@ def time_run(run: dict, store, device: str, rounds: int, warmup: int) -> dict[st
     from mcfl.data import load
     from mcfl.evaluation import evaluate, evaluate_protocol, protocols
     from mcfl.federation import build_federation
+    from mcfl.trainspec import TrainSpec
 
     data = load(store)
     cls = algorithms.get(run["method"])
-    tcfg = run["train"]
+    tcfg = TrainSpec.of(run["train"])                  # the schema's defaults, as `mcfl train` reads them
     fed = build_federation(data, run["model"], tcfg, run["seed"], torch.device(device))
     algo = cls(fed, cls.Params(**run["params"]))
     t = time.perf_counter()
@@ -51,11 +52,11 @@ def time_run(run: dict, store, device: str, rounds: int, warmup: int) -> dict[st
             walls.append(time.perf_counter() - t)
     r = warmup + rounds
     t = time.perf_counter()
-    evaluate(algo, state, fed, finetune_epochs=int(tcfg.get("finetune_epochs", 0)), rnd=r)
-    for proto in protocols(tcfg.get("eval_protocols")).values():
+    evaluate(algo, state, fed, finetune_epochs=tcfg.finetune_epochs, rnd=r)
+    for proto in protocols(tcfg.eval_protocols).values():
         evaluate_protocol(proto, algo, state, fed, r)
     eval_s = time.perf_counter() - t
-    total_rounds, every = int(tcfg["rounds"]), int(tcfg["eval_every"])
+    total_rounds, every = tcfg.rounds, tcfg.eval_every
     evals = total_rounds // every + (total_rounds % every != 0)
     per_round = statistics.median(walls)
     return {"round_s": per_round, "eval_s": eval_s, "init_s": init_s,
@@ -78,6 +79,7 @@ def main(argv=None) -> int:
     import tempfile
 
     from mcfl.data import prepare
+    from mcfl.trainspec import TrainSpec
 
     cfg = load_config(args.config)
     runs = expand_runs(cfg)
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
             prepare(prep.pop("source"), store, **prep)
         t = time_run(run, store, args.device, args.rounds, args.warmup)
         total += t["run_s"] * n_seeds
-        print(f"| {run['dataset']} | {run['run_id']} | {run['train'].get('executor', 'sequential')} | "
+        print(f"| {run['dataset']} | {run['run_id']} | {TrainSpec.of(run['train']).executor} | "
               f"{t['round_s']:.2f} | {t['eval_s']:.2f} | {t['init_s']:.1f} | {t['run_s'] / 60:.1f} |", flush=True)
     print(f"\nTotal (all {n_seeds} seeds, one job at a time on this device): {total / 3600:.2f} h"
           f" ({math.ceil(total / 60)} min)")

@@ -140,14 +140,14 @@ def test_every_shipped_fedcg_run_builds_its_network(name):
     fails only when its job starts. Build each shipped FedCG run's network on its dataset's shape."""
     import torch
 
-    from mcfl.algorithms.fedcg import Params
+    from mcfl.algorithms.fedcg import FedCG
     from mcfl.models import build
-    from mcfl.models.fedcg import FedCGNet
 
     cfg = yaml.safe_load((ROOT / "config" / name).read_text())
     if "methods" not in cfg:
         cfg = _merged(default_config(), cfg)
-    runs = [r for r in expand_runs(validate(cfg, name)) if r["method"] == "FedCG" and r["seed"] == cfg["seeds"][0]]
+    runs = [r for r in expand_runs(validate(cfg, name))
+            if r["method"] == "FedCG" and r["seed"] == cfg["seeds"][0]]
     assert runs
     for run in runs:
         ds = cfg["datasets"][run["dataset"]]
@@ -155,6 +155,4 @@ def test_every_shipped_fedcg_run_builds_its_network(name):
         model = dict(ds["model"])
         with torch.device("meta"):                     # shapes only: no memory for the projections
             backbone = build(model.pop("name"), shape, classes, **model)
-            p = Params(**run["params"])
-            FedCGNet(backbone, shape, p.K, layers=p.layers, agnostic=p.agnostic, gcn=p.gcn,
-                     projection=p.projection, relu=p.relu, gcn_layers=p.gcn_layers, bottleneck=p.bottleneck)
+            FedCG.network(backbone, shape, FedCG.Params(**run["params"]))

@@ -174,10 +174,7 @@ class FedCG(Algorithm):
         super().__init__(fed, params)
         p = params
         self.plain_fed = fed
-        net = FedCGNet(copy.deepcopy(fed.model.module), fed.data.x_shape, p.K, layers=p.layers,
-                       dc_width=p.dc_width, dc_kernel=p.dc_kernel, agnostic=p.agnostic, gcn=p.gcn,
-                       projection=p.projection, relu=p.relu, gcn_layers=p.gcn_layers,
-                       bottleneck=p.bottleneck)
+        net = self.network(copy.deepcopy(fed.model.module), fed.data.x_shape, p)
         net.reset_extras(derive_seed(fed.seed, FEDCG_EXTRAS), alpha=p.alpha_init,
                          zero_theta=p.residual_init == "zero")
         flat = FlatModel(net, fed.device)
@@ -191,6 +188,14 @@ class FedCG(Algorithm):
         self.domains = self._oracle_domains() if p.clustering == "oracle" else None
         self._row_client = {s: torch.from_numpy(np.repeat(np.arange(fed.n_clients), n)).to(fed.device)
                             for s, n in (("train", fed.dev.n_train), ("test", fed.dev.n_test))}
+
+    @staticmethod
+    def network(backbone, input_shape, p: Params) -> FedCGNet:
+        """The plain ``backbone`` (modified in place) made FedCG's network for ``p``."""
+        return FedCGNet(backbone, input_shape, p.K, layers=p.layers, dc_width=p.dc_width,
+                        dc_kernel=p.dc_kernel, agnostic=p.agnostic, gcn=p.gcn,
+                        projection=p.projection, relu=p.relu, gcn_layers=p.gcn_layers,
+                        bottleneck=p.bottleneck)
 
     def _oracle_domains(self) -> dict[str, torch.Tensor]:
         d = self.fed.data
