@@ -131,6 +131,20 @@ def test_batched_executor_trains_batchnorm_sequentially_and_reports_divergence(d
         list(fed.trainer.run([Task(c, fed.w0) for c in range(4)], 4))
 
 
+def test_the_fallback_path_is_logged_once_per_run_not_every_round(digits_store, caplog):
+    """Clipping keeps every client off the low-rank path: the log says so in the first round only
+    (a 300-round FEMNIST run logged it 300 times before)."""
+    data = load(digits_store)
+    torch.manual_seed(0)
+    model = FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+    bat = BatchedTrainer(model, DeviceData(data), LocalSpec(lr=0.1, batch_size=5, max_grad_norm=1.0), seed=0)
+    with caplog.at_level("INFO", logger="mcfl"):
+        for rnd in (1, 2, 3):
+            list(bat.run([Task(c, model.get()) for c in range(3)], rnd))
+    said = [r.getMessage() for r in caplog.records if "cannot take the low-rank path" in r.getMessage()]
+    assert len(said) == 1 and "first in round 1: 3 of 3 clients" in said[0] and "clipping" in said[0]
+
+
 class _Scaled(nn.Module):
     """A tiny MLP with a constant float buffer (like FedCG's adjacency): a training forward never
     writes it, so the batched executor may stack the model."""

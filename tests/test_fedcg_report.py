@@ -117,3 +117,40 @@ def test_table5_refuses_runs_on_different_test_samples(tmp_path):
             _run(tmp_path, "FedCG(3)", 0, K=3, pred=([1, 1], [1, 1]))]
     with pytest.raises(ValueError, match=r"FedCG\(3\)-0/predictions.csv and .*different test samples"):
         write_fedcg_report(runs, tmp_path / "out")
+
+
+def test_table5_has_fedprox_the_papers_numbers_alpha_and_the_machines(tmp_path):
+    """FedProx is paired with FedAvg like FedCG; the paper's Table-5 value sits beside the FEMNIST
+    rows (FedCG's only in its Table-5 setting); alpha is the deepest residual layer's, averaged over
+    seeds; tables.md says which machine trained each row."""
+    y = [0, 1, 2, 3]
+
+    def run(name, seed, method, pred, dataset="femnist_sample", device=("cpu", None), **kw):
+        d = _run(tmp_path, f"{name}-{dataset}", seed, method=method, pred=(y, pred), **kw)
+        m = json.loads((d / "metrics.json").read_text())
+        m.update(dataset=dataset, label=name, device=device[0], cpu="AVX2", threads=1, torch="2.x",
+                 **({"device_name": device[1]} if device[1] else {}))
+        (d / "metrics.json").write_text(json.dumps(m))
+        return d
+
+    paper_cg = dict(K=4, layers="last", test_assignment="soft", adjacency_init="eye")
+    gpu = ("cuda", "NVIDIA H200")
+    runs = [run("FedAvg", s, "FedAvg", [0, 1, 0, 0]) for s in (0, 1)]
+    runs += [run("FedProx", 0, "FedProx", [0, 1, 2, 0])]                      # only this: 1, only FedAvg: 0
+    runs += [run("FedCG(4)", s, "FedCG", [0, 0, 2, 3], device=gpu, final={"alpha_0": 9.0, "alpha_3": a},
+                 **paper_cg) for s, a in ((0, 1.0), (1, 1.5))]
+    runs += [run("FedCG-hard(4)", 0, "FedCG", [0, 1, 0, 0], device=gpu, **{**paper_cg, "test_assignment": "hard"})]
+    runs += [run("FedAvg", 0, "FedAvg", [0, 1, 0, 0], dataset="digits")]
+    t5 = write_fedcg_report(runs, tmp_path / "out")["table5"].set_index(["dataset", "label"])
+    fx = t5.loc[("femnist_sample", "FedProx")]
+    assert (fx["only_this"], fx["only_fedavg"]) == (1, 0) and fx["paper"] == 75.00
+    cg = t5.loc[("femnist_sample", "FedCG(4)")]
+    assert cg["alpha"] == pytest.approx(1.25) and cg["paper"] == 83.41       # alpha_3, not alpha_0
+    assert (cg["only_this"], cg["only_fedavg"]) == (4, 2)                      # 2 per seed: images 2, 3 vs 1
+    assert t5.loc[("femnist_sample", "FedAvg"), "paper"] == 77.81
+    assert pd.isna(t5.loc[("femnist_sample", "FedCG-hard(4)"), "paper"])      # not the paper's setting
+    assert pd.isna(t5.loc[("digits", "FedAvg"), "paper"]) and pd.isna(t5.loc[("digits", "FedAvg"), "alpha"])
+    md = (tmp_path / "out" / "tables.md").read_text()
+    assert "| 1.25 | 83.41 |" in md
+    assert ("- cuda NVIDIA H200 (AVX2, 1 thread(s), torch 2.x): FedCG(4) (femnist_sample), "
+            "FedCG-hard(4) (femnist_sample)\n") in md

@@ -63,6 +63,19 @@ def test_table_numbers_by_hand(tmp_path):
     assert "cpu (AVX2, 1 thread(s), torch 2.x)" in md
 
 
+def test_the_machines_section_names_the_cells_each_machine_made(tmp_path):
+    """Runs from a GPU beside CPU runs: each machine's line lists the rows and columns it trained."""
+    runs = [fake_run(tmp_path, "FedAvg", 0, 0.80), fake_run(tmp_path, "FeSEM(2)", 0, 0.70)]
+    paper = fake_run(tmp_path / "paper" / "runs" / "d", "FeSEM(2)", 0, 0.5, v1=0.6)
+    m = json.loads((paper / "metrics.json").read_text())
+    (paper / "metrics.json").write_text(json.dumps({**m, "device": "cuda", "device_name": "NVIDIA H200",
+                                                    "cpu": "AVX512", "torch": "2.y"}))
+    write(runs, tmp_path / "t", paper_results=tmp_path / "paper")
+    md = (tmp_path / "t.md").read_text()
+    assert "- cpu (AVX2, 1 thread(s), torch 2.x): standard: FedAvg, FeSEM(2)\n" in md
+    assert "- cuda NVIDIA H200 (AVX512, 1 thread(s), torch 2.y): paper's protocol: FeSEM(2)\n" in md
+
+
 def test_a_missing_reference_is_named(tmp_path):
     runs = [fake_run(tmp_path, "FeSEM(2)", 0, 0.9)]
     with pytest.raises(ValueError, match="no run labelled 'FedAvg'"):

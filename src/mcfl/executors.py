@@ -254,10 +254,12 @@ class BatchedTrainer(LocalTrainer):
                     "the model has no nn.Linear layer with a bias on flat features in an nn.Sequential")
         return f"history (steps x batch) above {self.lowrank:g} x min(in, out) of every dense layer"
 
-    def _say(self, message: str) -> None:
-        """Log ``message`` once per trainer (that is, once per run)."""
-        if message not in self._said:
-            self._said.add(message)
+    def _say(self, message: str, key: str | None = None) -> None:
+        """Log ``message`` once per trainer (that is, once per run) for each ``key`` (default: the
+        message itself; a key leaves out what changes every round, such as the round number)."""
+        key = message if key is None else key
+        if key not in self._said:
+            self._said.add(key)
             log.info(message)
 
     def run(self, tasks: Iterable[Task], rnd: int) -> Iterator[tuple[Task, LocalResult]]:
@@ -276,9 +278,10 @@ class BatchedTrainer(LocalTrainer):
         fast = [bool(self._lazy_layers([t], s * B)) for t, s in zip(tasks, steps)]
         slow = [t for t, f in zip(tasks, fast) if not f]
         if slow:
-            self._say(f"batched executor: clients whose local update cannot take the low-rank path "
-                      f"({self._why_slow()}; here {len(slow)} of {len(tasks)} in round {rnd}) train "
-                      f"on the {self.fallback} path, the faster one for this model on {self.model.device.type}")
+            said = (f"batched executor: clients whose local update cannot take the low-rank path "
+                    f"({self._why_slow()}) train on the {self.fallback} path, the faster one for this "
+                    f"model on {self.model.device.type}")
+            self._say(f"{said} (first in round {rnd}: {len(slow)} of {len(tasks)} clients)", key=said)
             if self.fallback == "sequential":
                 yield from super().run(slow, rnd)
             else:

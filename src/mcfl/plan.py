@@ -377,10 +377,12 @@ class Plan:
 
     # -- FedCG tables ----------------------------------------------------------------------------
     def fedcg_runs(self) -> list[str]:
-        """The FedAvg and FedCG run directories of every dataset that has a FedCG run."""
+        """The FedAvg, FedProx and FedCG run directories of every dataset that has a FedCG run."""
+        from mcfl.report.fedcg import TABLE5_METHODS
+
         datasets = {r["dataset"] for r in self.runs.values() if r["method"] == "FedCG"}
         return [self.dir_of(r) for r in self.runs.values()
-                if r["dataset"] in datasets and r["method"] in ("FedCG", "FedAvg")]
+                if r["dataset"] in datasets and r["method"] in TABLE5_METHODS]
 
     # -- real-writer protocol table, writer statistics, publishing (issue 29) ----------------------
     @property

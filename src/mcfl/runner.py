@@ -246,6 +246,8 @@ def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, 
               "rounds": int(run["train"]["rounds"]), "final": final, "wall_s": round(wall, 2),
               "time_s": {c[:-2]: round(float(sum(r.get(c, 0.0) for r in rows)), 2) for c in TIME_COLUMNS},
               "device": str(fed.device), **identity}
+    if fed.device.type == "cuda":                                  # which accelerator made it
+        result["device_name"] = torch.cuda.get_device_name(fed.device)
     result["partition"] = run.get("partition", "natural")          # which partition made the data
     if fed.data.domain_test is not None:        # which ``domain`` ids of predictions.csv are unseen
         result["unseen_domains"] = fed.data.unseen_domains

@@ -119,6 +119,13 @@ def _p(p) -> str:
     return "" if pd.isna(p) else (f"{p:.2g}" if p >= 1e-3 else "<0.001")
 
 
+def _cells(t: pd.DataFrame, m: str) -> str:
+    """Which cells machine ``m`` made: the rows whose runs (of each column) it trained."""
+    made = [(col, [r["method"] for _, r in t.iterrows() if m in str(r[key]).split("; ")])
+            for col, key in (("standard", "machine"), ("paper's protocol", "paper_protocol_machine"))]
+    return ": " + "; ".join(f"{col}: {', '.join(rows)}" for col, rows in made if rows)
+
+
 def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -> str:
     ms = lambda r, k: mean_std(r[f"{k}_mean"], r[f"{k}_std"])  # noqa: E731
     head = ["method", "paper (000, Table 2)", "ours: paper's protocol", "ours: standard",
@@ -148,7 +155,7 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -
                                [[r["method"], ms(r, "standard")] + [ms(r, n) for n in names]
                                 for _, r in t.iterrows()])]
     machines = sorted({x for col in ("machine", "paper_protocol_machine") for v in t[col] if v for x in v.split("; ")})
-    out += ["## Machines", "", *[f"- {m}" for m in machines], ""]
+    out += ["## Machines", "", *[f"- {m}{_cells(t, m) if len(machines) > 1 else ''}" for m in machines], ""]
     return "\n".join(out)
 
 
