@@ -1,0 +1,91 @@
+"""Turn ``snakemake -n -p`` dry runs into one shell script per job, for a queue on a lent GPU machine.
+
+The device machine has torch but not Snakemake, so the jobs run as the plain ``mcfl`` commands the
+workflow would run (``--device auto`` becomes ``--device cuda``). A job whose run needs initial
+centres makes them first; jobs that need the same centres wait for the first one's file.
+
+    snakemake TARGETS -n -p --cores 1 --rerun-triggers mtime --configfile CONFIG > dry.txt
+    python docs/tools/device/jobs.py --out .devrun/jobs dry.txt [more.txt] [--first NAME ...]
+
+Scripts are named ``NN-<results dir>-<run id>-s<seed>.sh``, in the order the dry runs list them
+(names given with ``--first``, e.g. ``results-femnist-sample-fedcg-FedCG-K4-s0``, go first);
+``queue.sh`` beside this file runs them.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+
+
+def commands(path: Path) -> list[str]:
+    pre = "Shell command: "
+    return [line[len(pre):] for line in path.read_text().splitlines() if line.startswith(pre)]
+
+
+def _dirs(cmd: str) -> list[str]:
+    """The folders a command writes into (Snakemake makes them; here the script must)."""
+    dirs = set()
+    m = re.search(r'--out "\$\(dirname ([^)]*)\)"', cmd)
+    if m:
+        dirs.add(str(Path(shlex.split(m.group(1))[0]).parent))
+    for m in re.finditer(r"(?:--checkpoint|--out) ([^\s\"]\S*)", cmd):
+        dirs.add(str(Path(shlex.split(m.group(1))[0]).parent))
+    m = re.search(r"> (\S+) 2>&1", cmd)
+    if m:
+        dirs.add(str(Path(shlex.split(m.group(1))[0]).parent))
+    return sorted(dirs)
+
+
+def script(cmd: str) -> str:
+    cmd = cmd.replace("--device auto", "--device cuda")
+    return f"mkdir -p {' '.join(_dirs(cmd))}\n{cmd}\n"
+
+
+def name(cmd: str) -> str:
+    run = re.search(r'"run_id":"([^"]+)"', cmd).group(1)
+    seed = re.search(r'"seed":(\d+)', cmd).group(1)
+    results = re.search(r'--out "\$\(dirname ([^/]+)/', cmd).group(1)
+    return f"{results}-{run}-s{seed}"
+
+
+def jobs(dry_runs: list[Path]) -> dict[str, str]:
+    cmds = [c for p in dry_runs for c in commands(p)]
+    inits = {re.search(r"--out (\S+)", c).group(1): c for c in cmds if c.startswith("mcfl init-centres")}
+    out: dict[str, str] = {}
+    for c in cmds:
+        if not c.startswith("mcfl train"):
+            continue
+        body = "set -e\n"
+        m = re.search(r"--centres (\S+)", c)
+        if m:          # the first job to need these centres makes them; the others wait for the file
+            init = m.group(1)
+            body += (f"mkdir -p $(dirname {init}); if mkdir {init}.making 2>/dev/null; then\n"
+                     f"{script(inits[init])}else while [ ! -e {init} ]; do sleep 2; done; fi\n")
+        out.setdefault(name(c), body + script(c))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dry_runs", nargs="+", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--first", nargs="*", default=[])
+    a = ap.parse_args()
+    js = jobs(a.dry_runs)
+    unknown = [n for n in a.first if n not in js]
+    if unknown:
+        raise SystemExit(f"--first: no such job {', '.join(unknown)} (jobs: {', '.join(js)})")
+    a.out.mkdir(parents=True, exist_ok=True)
+    for old in a.out.glob("*.sh"):
+        old.unlink()
+    order = a.first + [n for n in js if n not in a.first]
+    for i, n in enumerate(order):
+        (a.out / f"{i:02d}-{n}.sh").write_text(js[n])
+    print(f"{len(order)} jobs in {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+#!/bin/bash
+# One call on a lent GPU machine (the device tool): the CUDA tests beside a queue of training jobs
+# (JOBS/*.sh from jobs.py, in name order), CONC at a time, until all end or DEADLINE seconds have
+# passed; then each finished run's small outputs come back in $OUT. From the repository root:
+#
+#   run(command="DEADLINE=540 bash docs/tools/device/queue.sh", carry=[".devrun", ".whl",
+#       "data/femnist_sample"], timeout_s=595)
+#
+# then `python docs/tools/import_device_runs.py <unpacked runs.tgz> --device-name "<GPU>"`.
+# What comes back (at most 8 files of 16 MiB): machine.txt, cuda_tests.log, runs.tgz (every finished
+# run's metrics/history/predictions/assignments, state.pt where under 2 MB, the logs), ckpt<N>.tgz
+# (checkpoints under 15 MB of the runs the deadline stopped, to resume anywhere). A clustered run's
+# state.pt can be far larger (FedCG on the FEMNIST CNN: 356 MB) and stays there.
+#
+# Measured 2026-11-26 on an H200 (16 cores), 13 jobs at once under MPS: FedCG(4) on the 105 real
+# writers, 300 rounds, in 450 s; a FeSEM paper-protocol baseline (250 rounds x 5 epochs) in 350-420 s.
+set -u
+T0=$(date +%s); DEADLINE=${DEADLINE:-540}; CONC=${CONC:-13}; JOBS=${JOBS:-.devrun/jobs}
+export PYTHONUNBUFFERED=1
+el() { echo $(( $(date +%s) - T0 )); }
+[ -n "${SKIP_PIP:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site .whl/*.whl || { echo "pip failed"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD/src
+mkdir -p .devrun/bin .devrun/logs
+printf '#!/bin/sh\nexec python3 -m mcfl.cli "$@"\n' > .devrun/bin/mcfl; chmod +x .devrun/bin/mcfl
+export PATH=$PWD/.devrun/bin:$PATH
+{ nvidia-smi; nproc; python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; } > $OUT/machine.txt 2>&1
+# MPS lets the jobs' small kernels share the GPU instead of time-slicing it; off if it fails
+if [ "${MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null; then
+  nvidia-cuda-mps-control -d && if timeout 40 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()"; then
+    echo "MPS on" >> $OUT/machine.txt; else echo quit | nvidia-cuda-mps-control; echo "MPS failed, off" >> $OUT/machine.txt; fi
+fi
+echo "set up in $(el) s" >> $OUT/machine.txt
+(timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py > $OUT/cuda_tests.log 2>&1; echo "rc=$? at $(el) s" >> $OUT/cuda_tests.log) &
+TESTS=$!
+PIDS=()
+running() { local n=0; for p in "${PIDS[@]}"; do kill -0 $p 2>/dev/null && n=$((n+1)); done; echo $n; }
+for j in $JOBS/*.sh; do
+  while [ $(running) -ge $CONC ]; do sleep 1; [ $(el) -ge $DEADLINE ] && break 2; done
+  n=$(basename $j .sh)
+  ( s=$(el); bash $j > .devrun/logs/$n.out 2>&1; echo "$n rc=$? start=$s end=$(el)" >> .devrun/logs/done.txt ) &
+  PIDS+=($!)
+done
+while [ $(running) -gt 0 ] && [ $(el) -lt $DEADLINE ]; do sleep 2; done
+echo "stopped at $(el) s with $(running) running" >> .devrun/logs/done.txt
+pkill -f "$JOBS/"; pkill -f "mcfl.cli"; sleep 3; pkill -9 -f "mcfl.cli"; kill $TESTS 2>/dev/null
+find results*/ \( -path "*/runs/*" -o -path "*/logs/*" -o -path "*/init/*" \) -type f -size -2M > /tmp/small.txt
+tar czf $OUT/runs.tgz .devrun/logs -T /tmp/small.txt
+python3 - <<'PY' >> $OUT/machine.txt 2>&1
+import glob, os, tarfile
+files = sorted(glob.glob("results*/checkpoints/**/*.pt", recursive=True), key=os.path.getsize)
+part, size, n = [], 0, 0
+def flush():
+    global part, size, n
+    if part and n < 4:
+        with tarfile.open(os.environ["OUT"] + f"/ckpt{n}.tgz", "w:gz") as t:
+            for f in part:
+                t.add(f)
+        n += 1
+    part, size = [], 0
+for f in files:
+    s = os.path.getsize(f)
+    if s > 15e6:
+        print("checkpoint too big to bring back:", f, s)
+        continue
+    if size + s > 15e6:
+        flush()
+    part.append(f); size += s
+flush()
+PY
+ls -la $OUT; cat .devrun/logs/done.txt; tail -3 $OUT/cuda_tests.log; echo "ended at $(el) s"
+pkill -P $$; wait; exit 0
