@@ -329,6 +329,12 @@ def test_runner_reports_soft_hard_and_unseen_domain_accuracy(domains_store, tmp_
     assert (history["local_s"] > 0).all()            # FedCG's own trainer is the one timed
     again = train(run, domains_store, tmp_path / "again", progress=False)
     assert again["final"] == f                                       # seeded: bitwise repeatable
+    # assignments.csv: each client's mix of discovered domains beside its majority domain
+    a = pd.read_csv(tmp_path / "out" / "assignments.csv")
+    share = a[[f"domain_share_{k}" for k in range(3)]].to_numpy()
+    assert np.allclose(share.sum(1), 1, atol=1e-3) and (share >= 0).all()
+    assert (share.max(1) >= 1 / 3).all()
+    assert (share[np.arange(len(a)), a["cluster"]] == share.max(1)).all()   # cluster = the majority
 
 
 def test_discordant_counts_pair_soft_and_hard_on_the_unseen_domain(domains_store):

@@ -10,7 +10,8 @@ last, so a killed job leaves nothing the report could take for a result):
   on evaluation rounds (:mod:`mcfl.evaluation`; a named protocol's as ``NAME/micro_acc`` ...), and
   the round's seconds of local training, of the rest of the round and of evaluation
   (:mod:`mcfl.timing`; ``metrics.json`` has their totals under ``time_s``);
-* ``assignments.csv``  client id, true cluster, final cluster (blank for unclustered methods);
+* ``assignments.csv``  client id, true cluster, final cluster (blank for unclustered methods), and
+  any further per-client columns the method has (FedCG: ``domain_share_<k>``);
 * ``predictions.csv``  the final evaluation's prediction for every test sample, in the store's test
   order (client id, label ``y``, prediction ``pred``, and ``domain`` on stores with per-sample
   domains): runs on the same store can be compared image by image (a paired test);
@@ -234,7 +235,8 @@ def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, 
     assign = algo.assignments(state)
     write_bytes(out_dir / "assignments.csv", csv_text({"client": fed.data.client_ids,
                                                         "true_cluster": fed.data.true_clusters,
-                                                        "cluster": assign}).encode())  # None: empty
+                                                        "cluster": assign,             # None: empty
+                                                        **algo.client_columns(state)}).encode())
     test = {"client": np.repeat(np.asarray(fed.data.client_ids), fed.dev.n_test),
             "y": fed.dev.y["test"].cpu().numpy(), "pred": pred}
     if fed.data.domain_test is not None:

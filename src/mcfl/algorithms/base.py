@@ -83,6 +83,10 @@ class Algorithm:
         """Cluster id per client for clustered methods (for ARI/NMI and the artifacts)."""
         return None
 
+    def client_columns(self, state) -> dict[str, np.ndarray]:
+        """Further per-client columns for ``assignments.csv`` (default: none)."""
+        return {}
+
     def predict(self, w: torch.Tensor, rows: torch.Tensor, state=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Predicted labels and per-sample losses of weights ``w`` on test ``rows`` (the engine's
         ``predict``; a method whose model needs per-sample side information from ``state``

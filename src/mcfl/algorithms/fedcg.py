@@ -391,16 +391,31 @@ class FedCG(Algorithm):
                for i in range(0, n, chunk)]
         return torch.cat(out).cpu().numpy() if out else np.zeros(0, dtype=np.int64)
 
+    def _domain_counts(self, state: State) -> np.ndarray:
+        """(clients, K): how many of each client's training samples fall in each domain (oracle
+        domain, or the student's argmax)."""
+        labels = (np.asarray(self.fed.data.domain_train) if self.p.clustering == "oracle"
+                  else self._student_labels(state.w))
+        off = self.fed.dev.offsets["train"]
+        return np.stack([np.bincount(labels[off[c]:off[c + 1]], minlength=self.p.K)
+                         for c in range(self.fed.n_clients)])
+
     def assignments(self, state: State) -> np.ndarray:
         """Cluster per client: its k-means cluster, else its most frequent domain among its training
         samples (oracle domain, or the student's argmax)."""
         if self.p.clustering == "kmeans":
             return state.client_cluster.cpu().numpy().copy()
-        labels = (np.asarray(self.fed.data.domain_train) if self.p.clustering == "oracle"
-                  else self._student_labels(state.w))
-        off = self.fed.dev.offsets["train"]
-        return np.array([np.bincount(labels[off[c]:off[c + 1]], minlength=self.p.K).argmax()
-                         for c in range(self.fed.n_clients)])
+        return self._domain_counts(state).argmax(1)
+
+    def client_columns(self, state: State) -> dict[str, np.ndarray]:
+        """With discovered domains, each client's share of training samples the student puts in
+        each domain (``domain_share_<k>``): a client's mix of domains, where its majority alone
+        (``cluster``) can hide that every client spreads over the same few."""
+        if self.p.clustering != "classifier":
+            return {}
+        counts = self._domain_counts(state)
+        share = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+        return {f"domain_share_{k}": np.round(share[:, k], 4) for k in range(self.p.K)}
 
     def _alphas(self, w: torch.Tensor) -> dict[str, float]:
         if not self.p.agnostic:
