@@ -23,7 +23,11 @@ import json
 import shutil
 from pathlib import Path
 
+import io
+
 import torch
+
+from mcfl.io import write_bytes, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("metrics.json", "history.csv", "predictions.csv", "assignments.csv")
@@ -50,10 +54,12 @@ def import_runs(src: Path, dest: Path, device_name: str | None = None, overwrite
         if (run / "state.pt").is_file():
             shutil.copyfile(run / "state.pt", state)
         else:
+            buf = io.BytesIO()
             torch.save({"absent": f"made on {m.get('device_name') or m.get('device')}; its state.pt was too "
-                        "large to bring back from the device machine"}, state)
-        # metrics.json last: it is the file that marks the run finished
-        (out / "metrics.json").write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
+                        "large to bring back from the device machine"}, buf)
+            write_bytes(state, buf.getvalue())
+        # metrics.json last (written then renamed): it is the file that marks the run finished
+        write_json(out / "metrics.json", m)
         results = run.relative_to(src).parts[0]
         rel = run.relative_to(src / results / "runs")             # <dataset>/<run>/seed<s>
         log = src / results / "logs" / "train" / rel.parent / f"{rel.name}.log"
