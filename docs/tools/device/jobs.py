@@ -1,7 +1,7 @@
 """Turn ``snakemake -n -p`` dry runs into one shell script per job, for a queue on a lent GPU machine.
 
 The device machine has torch but not Snakemake, so the jobs run as the plain ``mcfl`` commands the
-workflow would run (``--device auto`` becomes ``--device cuda``). A job whose run needs initial
+workflow would run (``--device auto`` becomes ``--device cuda``, or ``--device`` given here). A job whose run needs initial
 centres makes them first; jobs that need the same centres wait for the first one's file.
 
     snakemake TARGETS -n -p --cores 1 --rerun-triggers mtime --configfile CONFIG > dry.txt
@@ -38,8 +38,8 @@ def _dirs(cmd: str) -> list[str]:
     return sorted(dirs)
 
 
-def script(cmd: str) -> str:
-    cmd = cmd.replace("--device auto", "--device cuda")
+def script(cmd: str, device: str = "cuda") -> str:
+    cmd = cmd.replace("--device auto", f"--device {device}")
     return f"mkdir -p {' '.join(_dirs(cmd))}\n{cmd}\n"
 
 
@@ -50,7 +50,7 @@ def name(cmd: str) -> str:
     return f"{results}-{run}-s{seed}"
 
 
-def jobs(dry_runs: list[Path]) -> dict[str, str]:
+def jobs(dry_runs: list[Path], device: str = "cuda") -> dict[str, str]:
     cmds = [c for p in dry_runs for c in commands(p)]
     inits = {re.search(r"--out (\S+)", c).group(1): c for c in cmds if c.startswith("mcfl init-centres")}
     out: dict[str, str] = {}
@@ -62,8 +62,8 @@ def jobs(dry_runs: list[Path]) -> dict[str, str]:
         if m:          # the first job to need these centres makes them; the others wait for the file
             init = m.group(1)
             body += (f"mkdir -p $(dirname {init}); if mkdir {init}.making 2>/dev/null; then\n"
-                     f"{script(inits[init])}else while [ ! -e {init} ]; do sleep 2; done; fi\n")
-        out.setdefault(name(c), body + script(c))
+                     f"{script(inits[init], device)}else while [ ! -e {init} ]; do sleep 2; done; fi\n")
+        out.setdefault(name(c), body + script(c, device))
     return out
 
 
@@ -72,8 +72,9 @@ def main() -> int:
     ap.add_argument("dry_runs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--first", nargs="*", default=[])
+    ap.add_argument("--device", default="cuda", help="what `--device auto` becomes (default cuda)")
     a = ap.parse_args()
-    js = jobs(a.dry_runs)
+    js = jobs(a.dry_runs, a.device)
     unknown = [n for n in a.first if n not in js]
     if unknown:
         raise SystemExit(f"--first: no such job {', '.join(unknown)} (jobs: {', '.join(js)})")

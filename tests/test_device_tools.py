@@ -1,0 +1,76 @@
+"""docs/tools/device/jobs.py: the job scripts a lent GPU machine runs without Snakemake must run
+exactly the workflow's own commands (same outputs), make the folders Snakemake would make, and
+make shared initial centres once when several jobs start at the same time."""
+
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+from test_workflow import snakemake, write_config
+
+pytestmark = pytest.mark.slow
+
+CFG = {
+    "experiment": "device-jobs-test",
+    "seeds": [0],
+    "datasets": {"digits": {
+        "prepare": {"source": "digits", "clients": 12, "clusters": 2, "seed": 0},
+        "model": {"name": "digits_cnn"},
+        "train": {"rounds": 2, "lr": 0.1, "eval_every": 1, "clients_per_round": 6},
+    }},
+    # FeSEM(2) and FeSEM-MA(2) share one initial-centres file
+    "methods": [{"method": "FedAvg"}, {"method": "FeSEM", "K": [2], "restarts": 2},
+                {"method": "FeSEM-MA", "K": 2, "restarts": 2}],
+}
+RUNS = ["FedAvg", "FeSEM-K2", "FeSEM-MA-K2"]
+
+
+def test_job_scripts_run_the_workflows_commands(tmp_path, cli_env):
+    write_config(tmp_path, CFG)
+    targets = [f"results/runs/digits/{r}/seed0/metrics.json" for r in RUNS]
+    made = snakemake(tmp_path, cli_env, *targets)
+    assert made.returncode == 0, made.stderr[-3000:]
+    shutil.move(tmp_path / "results" / "runs", tmp_path / "reference")
+    shutil.rmtree(tmp_path / "results" / "init")
+    shutil.rmtree(tmp_path / "logs")
+
+    dry = snakemake(tmp_path, cli_env, *targets, "-n", "-p", "--rerun-triggers", "mtime")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    (tmp_path / "dry.txt").write_text(dry.stdout)
+    jobs = tmp_path / "jobs"
+    made = subprocess.run([sys.executable, str(ROOT / "docs/tools/device/jobs.py"), str(tmp_path / "dry.txt"),
+                           "--out", str(jobs), "--device", "cpu", "--first", "results-FeSEM-K2-s0"],
+                          capture_output=True, text=True, env=cli_env)
+    assert made.returncode == 0, made.stderr
+    scripts = sorted(jobs.glob("*.sh"))
+    assert [s.name for s in scripts] == ["00-results-FeSEM-K2-s0.sh", "01-results-FedAvg-s0.sh",
+                                         "02-results-FeSEM-MA-K2-s0.sh"]
+    assert all("--device cpu" in s.read_text() and "--device auto" not in s.read_text() for s in scripts)
+
+    # all at once, as the queue starts them: the two FeSEM jobs race for the shared centres
+    procs = [subprocess.Popen(["bash", str(s)], cwd=tmp_path, env=cli_env, stderr=subprocess.PIPE, text=True)
+             for s in scripts]
+    for p in procs:
+        assert p.wait(timeout=600) == 0, p.stderr.read()
+    assert len(list((tmp_path / "results" / "init").rglob("seed0.pt"))) == 1
+    for r in RUNS:
+        ours = tmp_path / "results" / "runs" / "digits" / r / "seed0"
+        ref = tmp_path / "reference" / "digits" / r / "seed0"
+        for f in ("predictions.csv", "assignments.csv"):
+            assert (ours / f).read_bytes() == (ref / f).read_bytes(), f"{r}/{f} differs from Snakemake's run"
+        timings = ["local_s", "aggregate_s", "eval_s"]
+        pd.testing.assert_frame_equal(pd.read_csv(ours / "history.csv").drop(columns=timings),
+                                      pd.read_csv(ref / "history.csv").drop(columns=timings))
+        assert (tmp_path / "logs" / "train" / "digits" / r / "seed0.log").exists()
+
+
+def test_unknown_first_job_is_named(tmp_path):
+    dry = tmp_path / "dry.txt"
+    dry.write_text("")
+    r = subprocess.run([sys.executable, str(ROOT / "docs/tools/device/jobs.py"), str(dry), "--out", str(tmp_path / "j"),
+                        "--first", "nope"], capture_output=True, text=True)
+    assert r.returncode != 0 and "no such job nope" in r.stderr
