@@ -42,9 +42,8 @@ import numpy as np
 import pandas as pd
 
 from mcfl.io import atomic_path, read_run, write_text
-from mcfl.report.format import markdown_table, mean_std
+from mcfl.report.format import machines, machines_section, markdown_table, mean_std
 from mcfl.metrics import paired_counts, sign_test_p
-from mcfl.report.protocols import machine
 
 ADJ = {"uniform": "U", "hamming": "H", "distance": "D"}
 CLUSTERS = {"classifier": "Clf", "kmeans": "K-means", "oracle": "oracle"}
@@ -143,7 +142,7 @@ def tables(runs: list[dict]) -> dict[str, pd.DataFrame]:
                             and (a := _last_alpha(m["final"])) is not None] or [np.nan])
                    for k in zip(t5["dataset"], t5["label"])]
     t5["paper"] = [paper_table5(first[k]) for k in zip(t5["dataset"], t5["label"])]
-    t5["machine"] = ["; ".join(sorted({machine(m) for m in runs if (m["dataset"], m["label"]) == k}))
+    t5["machine"] = [machines(m for m in runs if (m["dataset"], m["label"]) == k)
                      for k in zip(t5["dataset"], t5["label"])]
     return {"table3": t3, "table4": t4, "table5": t5}
 
@@ -240,9 +239,7 @@ def write_fedcg_report(run_dirs: list[Path], out: Path) -> dict[str, pd.DataFram
     for name, t in ts.items():
         with atomic_path(out / f"{name}.csv") as tmp:
             t.round(4).to_csv(tmp, index=False)
-    machines = sorted({x for v in ts["table5"].get("machine", []) if v for x in v.split("; ")})
-    where = [f"- {x}: " + ", ".join(f"{r['label']} ({r['dataset']})" for _, r in ts["table5"].iterrows()
-                                   if x in r["machine"].split("; ")) for x in machines]
+    where = machines_section(ts["table5"], {"rows": "machine"}, lambda r: f"{r['label']} ({r['dataset']})")
     write_text(out / "tables.md", "\n".join(to_markdown(n, t, TITLES[n]) for n, t in ts.items())
                + ("\n### Machines (Table 5's rows)\n\n" + "\n".join(where) + "\n" if where else ""))
     return ts

@@ -1,8 +1,8 @@
-"""The one number formatter and markdown-table writer of every report."""
+"""The one number formatter, markdown-table writer and machines list of every report."""
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -21,3 +21,30 @@ def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(map(str, cells)) + " |" for cells in rows]
     return "\n".join(lines) + "\n"
+
+
+def machine(m: dict) -> str:
+    """A run's machine in words, from its metrics.json (device, CPU kernels, threads, torch)."""
+    dev = str(m.get("device", "?"))
+    name = m.get("device_name")
+    return f"{dev}{f' {name}' if name else ''} ({m.get('cpu', '?')}, {m.get('threads', '?')} thread(s), torch {m.get('torch', '?')})"
+
+
+def machines(runs: Iterable[dict]) -> str:
+    """The machines of some runs, one cell: sorted, ``; ``-joined."""
+    return "; ".join(sorted({machine(m) for m in runs}))
+
+
+def machines_section(t: pd.DataFrame, columns: Mapping[str, str], row: Callable[[pd.Series], str]) -> list[str]:
+    """Markdown lines, one per machine: the cells it made, as ``row(r)`` of each row whose
+    ``columns[name]`` cell (made by ``machines``) names it, grouped by ``name`` when there are several
+    columns. With one machine the line is just the machine: it made every cell."""
+    seen = sorted({x for col in columns.values() if col in t for v in t[col] if isinstance(v, str) and v
+                   for x in v.split("; ")})
+    lines = []
+    for m in seen:
+        made = [(name, [row(r) for _, r in t.iterrows() if m in str(r.get(col, "")).split("; ")])
+                for name, col in columns.items()]
+        cells = "; ".join(f"{name + ': ' if len(columns) > 1 else ''}{', '.join(rows)}" for name, rows in made if rows)
+        lines.append(f"- {m}{': ' + cells if len(seen) > 1 else ''}")
+    return lines

@@ -29,19 +29,12 @@ import pandas as pd
 
 from mcfl.io import atomic_path, read_run, write_text
 from mcfl.metrics import paired_counts, sign_test_p
-from mcfl.report.format import markdown_table, mean_std
+from mcfl.report.format import machines, machines_section, markdown_table, mean_std
 from mcfl.report.paper import paper_tables
 
 METRIC = "micro_acc"
 TITLE = "FeSEM's Table 2 on real FEMNIST writers"   # the table's heading unless a config names one
 PAPER_EVAL = "v1"          # the named protocol that scores the paper-protocol runs as the authors did
-
-
-def machine(m: dict) -> str:
-    """A run's machine in words, from its metrics.json (device, CPU kernels, threads)."""
-    dev = str(m.get("device", "?"))
-    name = m.get("device_name")
-    return f"{dev}{f' {name}' if name else ''} ({m.get('cpu', '?')}, {m.get('threads', '?')} thread(s), torch {m.get('torch', '?')})"
 
 
 def load(run_dirs: list[str | Path]) -> list[dict]:
@@ -109,21 +102,14 @@ def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg") -
             if counts:
                 row["only_this"], row["only_ref"] = (int(sum(c[i] for c in counts)) for i in (0, 1))
                 row["sign_p"] = sign_test_p(row["only_this"], row["only_ref"])
-        row["machine"] = "; ".join(sorted({machine(m) for m in mine}))
-        row["paper_protocol_machine"] = "; ".join(sorted({machine(m) for m in pp}))
+        row["machine"] = machines(mine)
+        row["paper_protocol_machine"] = machines(pp)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def _p(p) -> str:
     return "" if pd.isna(p) else (f"{p:.2g}" if p >= 1e-3 else "<0.001")
-
-
-def _cells(t: pd.DataFrame, m: str) -> str:
-    """Which cells machine ``m`` made: the rows whose runs (of each column) it trained."""
-    made = [(col, [r["method"] for _, r in t.iterrows() if m in str(r[key]).split("; ")])
-            for col, key in (("standard", "machine"), ("paper's protocol", "paper_protocol_machine"))]
-    return ": " + "; ".join(f"{col}: {', '.join(rows)}" for col, rows in made if rows)
 
 
 def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -> str:
@@ -154,8 +140,8 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -
                 markdown_table(["method", "standard"] + [f"`{n}`" for n in names],
                                [[r["method"], ms(r, "standard")] + [ms(r, n) for n in names]
                                 for _, r in t.iterrows()])]
-    machines = sorted({x for col in ("machine", "paper_protocol_machine") for v in t[col] if v for x in v.split("; ")})
-    out += ["## Machines", "", *[f"- {m}{_cells(t, m) if len(machines) > 1 else ''}" for m in machines], ""]
+    out += ["## Machines", "", *machines_section(t, {"standard": "machine", "paper's protocol": "paper_protocol_machine"},
+                                                 lambda r: r["method"]), ""]
     return "\n".join(out)
 
 
