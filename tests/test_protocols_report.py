@@ -76,6 +76,16 @@ def test_the_machines_section_names_the_cells_each_machine_made(tmp_path):
     assert "- cuda NVIDIA H200 (AVX512, 1 thread(s), torch 2.y): paper's protocol: FeSEM(2)\n" in md
 
 
+def test_a_row_with_seeds_the_reference_lacks_says_how_many_were_paired(tmp_path):
+    """FeSEM(2) has seeds 0-2, FedAvg only seed 0: Δ is seed 0's alone, and the cell says so."""
+    runs = [fake_run(tmp_path, "FedAvg", 0, 0.80, [1, 1, 0, 0, 1])]
+    runs += [fake_run(tmp_path, "FeSEM(2)", s, a, [1, 1, 1, 1, 0]) for s, a in ((0, 0.90), (1, 0.10), (2, 0.20))]
+    t = write(runs, tmp_path / "t").set_index("method")
+    assert t.loc["FeSEM(2)", "paired_seeds"] == 1 and t.loc["FeSEM(2)", "seeds"] == 3
+    assert t.loc["FeSEM(2)", "diff_vs_ref_mean"] == pytest.approx(10.0)     # 90 - 80, not the 3-seed mean's 40 - 80
+    assert "| +10.0 (1 of 3 seeds) | 2 / 1 |" in (tmp_path / "t.md").read_text()
+
+
 def test_a_missing_reference_is_named(tmp_path):
     runs = [fake_run(tmp_path, "FeSEM(2)", 0, 0.9)]
     with pytest.raises(ValueError, match="no run labelled 'FedAvg'"):

@@ -94,6 +94,7 @@ def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg") -
         for n in names:
             row[f"{n}_mean"], row[f"{n}_std"] = _stats([m["final"].get(f"{n}/{METRIC}") for m in mine])
         paired = [m for m in mine if m["seed"] in ref]
+        row["paired_seeds"] = len(paired) if label != reference else np.nan
         if label != reference and paired:
             d = [m["final"][METRIC] - ref[m["seed"]]["final"][METRIC] for m in paired]
             row["diff_vs_ref_mean"], row["diff_vs_ref_std"] = _stats(d)
@@ -121,14 +122,16 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -
         pp = ms(r, "paper_protocol") or "not run"
         pp += f" ({int(r['paper_protocol_seeds'])} seeds)" if r["paper_protocol_seeds"] else ""
         counts = "" if pd.isna(r.get("only_this")) else f"{int(r['only_this'])} / {int(r['only_ref'])}"
-        rows.append([r["method"], ms(r, "paper"), pp, ms(r, "standard"),
-                     mean_std(r.get("diff_vs_ref_mean"), r.get("diff_vs_ref_std"), sign=True),
+        diff = mean_std(r.get("diff_vs_ref_mean"), r.get("diff_vs_ref_std"), sign=True)
+        if diff and r["paired_seeds"] < r["seeds"]:     # the reference lacks some of this row's seeds
+            diff += f" ({int(r['paired_seeds'])} of {int(r['seeds'])} seeds)"
+        rows.append([r["method"], ms(r, "paper"), pp, ms(r, "standard"), diff,
                      counts, _p(r.get("sign_p")), int(r["seeds"])])
     out = [f"# {title}", "",
            "Micro accuracy in percent, mean ± std over seeds. *Paper's protocol*: the paper's training "
            f"settings, scored with the authors' V1 evaluation (`{PAPER_EVAL}`). *Standard*: every client "
            "tested on its own model, no fine-tuning. Δ: paired over seeds against the same seed's "
-           f"{reference}; the sign test counts the test images only one of the two classifies correctly "
+           f"{reference} (only the seeds both have); the sign test counts the test images only one of the two classifies correctly "
            "(summed over seeds; exact two-sided binomial).", "",
            markdown_table(head, rows)]
     if names:
