@@ -133,6 +133,32 @@ def test_stp_round_trains_each_client_of_the_sampled_groups_once_and_averages(di
     assert torch.allclose(new.w, (finals[0] + finals[1]) / 2, atol=1e-6)
 
 
+@pytest.mark.parametrize("path", ["lowrank", "stacked"])
+def test_stp_on_the_batched_executor_trains_the_same_chains(digits_store, path):
+    """The groups' j-th clients go to the executor together: on the batched executor (its low-rank
+    and its stacked path) the round's model equals the sequential executor's up to float rounding,
+    with the same groups, ranks and mean loss."""
+    from mcfl.executors import BatchedTrainer
+
+    out = []
+    for ex in ("sequential", "batched"):
+        fed = fed_for(digits_store)
+        if ex == "batched":
+            fed.trainer = BatchedTrainer(fed.trainer.model, fed.trainer.data, fed.trainer.spec, fed.trainer.seed,
+                                         lowrank=0 if path == "stacked" else 0.5, fallback="stacked")
+            calls, run = [], fed.trainer.run
+            fed.trainer.run = lambda tasks, rnd: (calls.append(len(tasks)), run(tasks, rnd))[1]
+        algo = FedGSP(fed, FedGSP.Params(growth="fixed", beta=3, kappa=0.7))
+        out.append(algo.round(algo.init(), fed.clients(1), 1))
+    (seq, dseq), (bat, dbat) = out
+    assert dseq["trained_groups"] == 2 and dseq["chain"] >= 5
+    assert calls[0] == 2 and len(calls) == dseq["chain"]          # the two groups' j-th clients at once
+    assert torch.equal(seq.group, bat.group) and torch.equal(seq.rank, bat.rank)
+    assert not torch.allclose(seq.w, fed.w0, atol=1e-3)                         # it trained
+    assert torch.allclose(seq.w, bat.w, atol=1e-5)
+    assert dseq["train_loss"] == pytest.approx(dbat["train_loss"], rel=1e-5)
+
+
 def test_naive_gsp_keeps_its_groups_and_order_fedgsp_regroups_and_grows(digits_store):
     fed = fed_for(digits_store)
     naive = NaiveGSP(fed, NaiveGSP.Params(beta=4))

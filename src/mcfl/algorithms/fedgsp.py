@@ -9,7 +9,8 @@ STP, one round r (Algorithm 1):
 2. sample a fraction kappa of the groups: max(1, round(kappa · #groups)) of them (line 7);
 3. inside each sampled group, the first client starts from the global model, trains one local
    epoch of minibatch SGD (the engine's settings) and passes the model to the next client (lines
-   9-13); groups are independent (parallel in a deployment, run one after the other here);
+   9-13); groups are independent (parallel in a deployment): here the j-th clients of all sampled
+   groups are one executor call, so the ``batched`` executor trains them as one chunk;
 4. the global model becomes the average of the sampled groups' final models (line 16).
 
 Aggregation normaliser. Line 16 divides the sum over the kappa·f(r) sampled groups by f(r), which
@@ -171,15 +172,20 @@ class FedGSP(Algorithm):
         chains = [c[np.argsort(rank[c])] for c in chains]
         n_train = max(1, math.floor(p.kappa * len(chains) + 0.5))                    # line 7
         picked = np.sort(fed.rng(rnd, SAMPLING).choice(len(chains), n_train, replace=False))
+        w = {g: state.w for g in picked}                                           # lines 8-15
+        losses: dict[int, list[float]] = {g: [] for g in picked}
+        for j in range(max(len(chains[g]) for g in picked)):
+            # the groups are independent: the j-th client of every group trains at once (one
+            # executor call: a chunk on the batched executor), each from its group's model so far
+            at = {int(chains[g][j]): g for g in picked if j < len(chains[g])}
+            for task, res in fed.trainer.run([Task(c, w[g]) for c, g in at.items()], rnd):
+                g = at[task.client]
+                w[g] = res.weights
+                losses[g].append(res.loss)
         acc = WeightedSum(1, state.w.numel(), state.w.device)
-        losses = []
-        for g in picked:                                                           # lines 8-15
-            w = state.w
-            for c in chains[g]:
-                res = fed.trainer.train(Task(int(c), w), rnd)
-                w = res.weights
-                losses.append(res.loss)
-            acc.add(0, w, 1.0 if p.aggregation == "mean" else float(fed.n_train[chains[g]].sum()))
+        for g in picked:
+            acc.add(0, w[g], 1.0 if p.aggregation == "mean" else float(fed.n_train[chains[g]].sum()))
+        losses = [x for g in picked for x in losses[g]]
         diag = {"train_loss": float(np.mean(losses)), "groups": len(chains),
                 "trained_groups": int(n_train), "clients_trained": len(losses),
                 "chain": int(max(len(chains[g]) for g in picked))}
