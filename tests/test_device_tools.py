@@ -35,6 +35,18 @@ def test_job_scripts_run_the_workflows_commands(tmp_path, cli_env):
     made = snakemake(tmp_path, cli_env, *targets)
     assert made.returncode == 0, made.stderr[-3000:]
     shutil.move(tmp_path / "results" / "runs", tmp_path / "reference")
+
+    # the centres exist here, so the dry run has no command making them: jobs.py names the file
+    # instead of writing jobs that would fail on a machine without it
+    dry = snakemake(tmp_path, cli_env, *targets, "-n", "-p", "--rerun-triggers", "mtime")
+    (tmp_path / "dry0.txt").write_text(dry.stdout)
+    [centres] = [str(p.relative_to(tmp_path)) for p in (tmp_path / "results" / "init").rglob("seed0.pt")]
+    tool = [sys.executable, str(ROOT / "docs/tools/device/jobs.py"), str(tmp_path / "dry0.txt"), "--out",
+            str(tmp_path / "j0")]
+    need = subprocess.run(tool + ["--centres-needed"], capture_output=True, text=True, env=cli_env)
+    assert need.stdout.split() == [centres]
+    refused = subprocess.run(tool, capture_output=True, text=True, env=cli_env)
+    assert refused.returncode != 0 and centres in refused.stderr and not (tmp_path / "j0").exists()
     shutil.rmtree(tmp_path / "results" / "init")
     shutil.rmtree(tmp_path / "logs")
 

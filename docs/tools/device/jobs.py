@@ -5,7 +5,11 @@ workflow would run (``--device auto`` becomes ``--device cuda``, or ``--device``
 centres makes them first; jobs that need the same centres wait for the first one's file.
 
     snakemake TARGETS -n -p --cores 1 --rerun-triggers mtime --configfile CONFIG > dry.txt
-    python docs/tools/device/jobs.py --out .devrun/jobs dry.txt [more.txt] [--first NAME ...]
+    python docs/tools/device/jobs.py dry.txt [more.txt] --out .devrun/jobs [--first NAME ...]
+
+A job whose centres exist here already (no init command in the dry runs) needs that command added:
+``--centres-needed`` lists those files; ``snakemake FILES -f -n -p --configfile CONFIG >> dry.txt``
+adds it (``plan.sh`` does both).
 
 Scripts are named ``NN-<results dir>-<run id>-s<seed>.sh``, in the order the dry runs list them
 (names given with ``--first``, e.g. ``results-femnist-sample-fedcg-FedCG-K4-s0``, go first);
@@ -50,9 +54,27 @@ def name(cmd: str) -> str:
     return f"{results}-{run}-s{seed}"
 
 
+def _inits(cmds: list[str]) -> dict[str, str]:
+    return {re.search(r"--out (\S+)", c).group(1): c for c in cmds if c.startswith("mcfl init-centres")}
+
+
+def centres_needed(dry_runs: list[Path]) -> list[str]:
+    """Initial-centre files that training jobs read but no command of the dry runs makes (they
+    exist here, in a results directory the device machine does not get)."""
+    cmds = [c for p in dry_runs for c in commands(p)]
+    made = _inits(cmds)
+    return sorted({m.group(1) for c in cmds if c.startswith("mcfl train")
+                   for m in [re.search(r"--centres (\S+)", c)] if m and m.group(1) not in made})
+
+
 def jobs(dry_runs: list[Path], device: str = "cuda") -> dict[str, str]:
     cmds = [c for p in dry_runs for c in commands(p)]
-    inits = {re.search(r"--out (\S+)", c).group(1): c for c in cmds if c.startswith("mcfl init-centres")}
+    inits = _inits(cmds)
+    missing = centres_needed(dry_runs)
+    if missing:
+        raise SystemExit("these jobs read initial centres no dry run makes: " + " ".join(missing)
+                         + "\nadd `snakemake FILES -f -n -p --configfile CONFIG` of them to the dry runs"
+                         " (plan.sh does; --centres-needed lists them)")
     out: dict[str, str] = {}
     for c in cmds:
         if not c.startswith("mcfl train"):
@@ -73,7 +95,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--first", nargs="*", default=[])
     ap.add_argument("--device", default="cuda", help="what `--device auto` becomes (default cuda)")
+    ap.add_argument("--centres-needed", action="store_true",
+                    help="only print the initial-centre files the jobs read that no dry run makes")
     a = ap.parse_args()
+    if a.centres_needed:
+        print(" ".join(centres_needed(a.dry_runs)))
+        return 0
     js = jobs(a.dry_runs, a.device)
     unknown = [n for n in a.first if n not in js]
     if unknown:
