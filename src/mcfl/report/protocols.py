@@ -120,7 +120,8 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -
     rows = []
     for _, r in t.iterrows():
         pp = ms(r, "paper_protocol") or "not run"
-        pp += f" ({int(r['paper_protocol_seeds'])} seeds)" if r["paper_protocol_seeds"] else ""
+        n = int(r["paper_protocol_seeds"])
+        pp += f" ({n} seed{'s' if n > 1 else ''})" if n else ""
         counts = "" if pd.isna(r.get("only_this")) else f"{int(r['only_this'])} / {int(r['only_ref'])}"
         diff = mean_std(r.get("diff_vs_ref_mean"), r.get("diff_vs_ref_std"), sign=True)
         if diff and r["paired_seeds"] < r["seeds"]:     # the reference lacks some of this row's seeds
