@@ -10,22 +10,14 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from test_workflow import snakemake, write_config
+from test_workflow import TINY, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
-CFG = {
-    "experiment": "device-jobs-test",
-    "seeds": [0],
-    "datasets": {"digits": {
-        "prepare": {"source": "digits", "clients": 12, "clusters": 2, "seed": 0},
-        "model": {"name": "digits_cnn"},
-        "train": {"rounds": 2, "lr": 0.1, "eval_every": 1, "clients_per_round": 6},
-    }},
-    # FeSEM(2) and FeSEM-MA(2) share one initial-centres file
-    "methods": [{"method": "FedAvg"}, {"method": "FeSEM", "K": [2], "restarts": 2},
-                {"method": "FeSEM-MA", "K": 2, "restarts": 2}],
-}
+# test_workflow's tiny digits dataset; FeSEM(2) and FeSEM-MA(2) share one initial-centres file
+CFG = {**TINY, "experiment": "device-jobs-test", "seeds": [0],
+       "methods": [{"method": "FedAvg"}, {"method": "FeSEM", "K": [2], "restarts": 2},
+                   {"method": "FeSEM-MA", "K": 2, "restarts": 2}]}
 RUNS = ["FedAvg", "FeSEM-K2", "FeSEM-MA-K2"]
 
 
