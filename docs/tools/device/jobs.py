@@ -58,19 +58,22 @@ def _inits(cmds: list[str]) -> dict[str, str]:
     return {re.search(r"--out (\S+)", c).group(1): c for c in cmds if c.startswith("mcfl init-centres")}
 
 
-def centres_needed(dry_runs: list[Path]) -> list[str]:
-    """Initial-centre files that training jobs read but no command of the dry runs makes (they
-    exist here, in a results directory the device machine does not get)."""
-    cmds = [c for p in dry_runs for c in commands(p)]
+def _missing(cmds: list[str]) -> list[str]:
     made = _inits(cmds)
     return sorted({m.group(1) for c in cmds if c.startswith("mcfl train")
                    for m in [re.search(r"--centres (\S+)", c)] if m and m.group(1) not in made})
 
 
+def centres_needed(dry_runs: list[Path]) -> list[str]:
+    """Initial-centre files that training jobs read but no command of the dry runs makes (they
+    exist here, in a results directory the device machine does not get)."""
+    return _missing([c for p in dry_runs for c in commands(p)])
+
+
 def jobs(dry_runs: list[Path], device: str = "cuda") -> dict[str, str]:
     cmds = [c for p in dry_runs for c in commands(p)]
     inits = _inits(cmds)
-    missing = centres_needed(dry_runs)
+    missing = _missing(cmds)
     if missing:
         raise SystemExit("these jobs read initial centres no dry run makes: " + " ".join(missing)
                          + "\nadd `snakemake FILES -f -n -p --configfile CONFIG` of them to the dry runs"

@@ -11,6 +11,7 @@
 # runs them in name order and stops at its deadline, so whatever does not fit waits for the next call.
 set -eu
 cd "$(dirname "$0")/../../.."
+PATH="$PWD/.venv/bin:$PATH"          # snakemake and python of `make setup`
 mkdir -p .devrun
 grep -qx "/.devrun/" .git/info/exclude 2>/dev/null || echo "/.devrun/" >> .git/info/exclude
 dry() {   # dry.txt of a config's missing runs (optionally only TARGETS)
