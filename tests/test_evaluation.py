@@ -8,7 +8,7 @@ import torch
 from conftest import make_run
 from mcfl.data import load, write_store
 from mcfl.data.store import ClientData
-from mcfl.evaluation import Protocol, evaluate, evaluate_protocol
+from mcfl.evaluation import Protocol, RoundCache, evaluate, evaluate_protocol
 from mcfl.federation import build_federation
 
 # test labels per client, and training-set sizes (the V1 weights are train + test samples)
@@ -78,6 +78,41 @@ def test_active_clients_only(fed):
     assert out["micro_acc"] == pytest.approx(2 / 6)   # c1: 1 of 4, c3: 1 of 2
     v1 = evaluate_protocol(Protocol(clients="active", combine="cluster_mean"), TwoModels(fed), None, fed, 1)
     assert v1["micro_acc"] == pytest.approx((0.25 + 0.5) / 2)
+
+
+class Counted(TwoModels):
+    """The two clusters with real (logistic) models; counts the test rows it predicts."""
+
+    def __init__(self, fed):
+        super().__init__(fed)
+        self.w, self.rows = [fed.w0.clone(), fed.w0 + 0.5], 0
+
+    def eval_models(self, state):
+        return [(self.w[0], np.array([0, 1])), (self.w[1], np.array([2, 3]))]
+
+    def predict(self, w, rows, state=None):
+        self.rows += len(rows)
+        return self.fed.trainer.predict(w, rows)
+
+
+def test_a_rounds_protocols_share_predictions_and_fine_tuning(fed, monkeypatch):
+    """With one RoundCache a protocol scores as it does alone, but every client is predicted once
+    per model and fine-tuned once per model for all the protocols that fine-tune."""
+    protos = [Protocol(), Protocol(combine="cluster_max"), Protocol(clients="active", finetune_epochs=1),
+              Protocol(clients="active", finetune_epochs=1, combine="cluster_mean")]
+    alone = [evaluate_protocol(p, Counted(fed), None, fed, 1) for p in protos]
+    tuned, train = [], fed.trainer.train
+    monkeypatch.setattr(fed.trainer, "train", lambda task, *a: tuned.append(task.client) or train(task, *a))
+    algo = Counted(fed)
+    cache = RoundCache(algo, None, fed, 1)
+    standard, _ = evaluate(algo, None, fed, rnd=1, cache=cache)
+    shared = [evaluate_protocol(p, algo, None, fed, 1, cache) for p in protos]
+    for a, b in zip(alone, shared):
+        assert b == pytest.approx(a)
+    assert shared[0] == pytest.approx({k: standard[k] for k in shared[0]})
+    assert sorted(tuned) == [1, 3]          # the active clients c1, c3: once each, for two protocols
+    # every client on both models (10 test rows each), plus c1's 4 and c3's 2 rows after fine-tuning
+    assert algo.rows == 2 * 10 + 4 + 2
 
 
 def test_protocol_switches_are_checked():

@@ -46,7 +46,7 @@ import torch
 
 from mcfl import algorithms
 from mcfl.data.store import load, warn_untested
-from mcfl.evaluation import evaluate, evaluate_protocol, protocols
+from mcfl.evaluation import RoundCache, evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
 from mcfl.io import (OUTPUTS, config_hash, csv_text, git_revision, remove_stale_temps, rows_csv, write_bytes,
                      write_json)
@@ -180,11 +180,12 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
             row = {"round": r, **diag}
             t_eval = time.perf_counter()
             if r % every == 0 or r == rounds:
+                cache = RoundCache(algo, state, fed, r)    # the protocols share predictions
                 scores, pred = evaluate(algo, state, fed, finetune_epochs=int(tcfg.finetune_epochs),
-                                        rnd=r)
+                                        rnd=r, cache=cache)
                 row.update(scores)
                 for name, proto in evaluation_protocols.items():     # the same model, scored again
-                    row.update({f"{name}/{k}": v for k, v in evaluate_protocol(proto, algo, state, fed, r).items()})
+                    row.update({f"{name}/{k}": v for k, v in evaluate_protocol(proto, algo, state, fed, r, cache).items()})
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(acc=f"{row['micro_acc']:.3f}", loss=f"{row['train_loss']:.3f}")
             clock.sync()
