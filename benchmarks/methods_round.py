@@ -15,6 +15,10 @@ training such as HypoCluster's choice of hypothesis).
 
     python benchmarks/methods_round.py --leaf ../shared/data/femnist-leaf-sample/leaf-torch
     python benchmarks/methods_round.py --store /tmp/femnist-store --methods FedAvg,FeSEM-K3 --rounds 3
+
+``--device cuda`` times the GPU; ``--fallback stacked`` forces the batched executor's stacked path
+where the device would pick another (on a CPU, the LEAF CNN trains custom losses one client at a
+time), and ``--model`` takes another model (``'{"name": "femnist_cnn", "hidden": 248}'``).
 """
 
 from __future__ import annotations
@@ -62,27 +66,36 @@ def methods() -> list[tuple[str, str, dict]]:
 
 
 def time_methods(todo: list[tuple[str, dict]], data, model: dict, train: dict, seed: int, rounds: int,
-                 warmup: int) -> list[dict[str, float]]:
+                 warmup: int, device: str = "cpu", fallback: str | None = None) -> list[dict[str, float]]:
     """Median seconds per round of each (method, params) under each executor, all their rounds
     interleaved (round r of every run before round r + 1 of any)."""
+    import mcfl.federation
     from mcfl import algorithms
+    from mcfl.executors import BatchedTrainer, make_trainer
     from mcfl.federation import build_federation
     from mcfl.timing import LocalClock
 
+    if fallback:            # the batched executor with the given fallback path
+        mcfl.federation.make_trainer = lambda ex, *a, chunk=None: (
+            BatchedTrainer(*a, chunk=chunk, fallback=fallback) if ex == "batched" else make_trainer(ex, *a, chunk=chunk))
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     runs = []
     for method, params in todo:
         cls = algorithms.get(method)
         runs.append({})
         for ex in ("sequential", "batched"):
-            fed = build_federation(data, model, {**train, "executor": ex}, seed)
+            fed = build_federation(data, model, {**train, "executor": ex}, seed, device)
             algo = cls(fed, cls.Params(**params))
-            runs[-1][ex] = [algo, algo.init(), fed, [], LocalClock(fed.trainer), []]
+            # the trainer the algorithm trains with (FedCG and FedFusion build their own), as the runner
+            runs[-1][ex] = [algo, algo.init(), fed, [], LocalClock(algo.fed.trainer), []]
     for r in range(1, warmup + rounds + 1):
         for run in (run for pair in runs for run in pair.values()):
             algo, state, fed, wall, clock, local = run
+            sync()
             clock.reset()
             t = time.perf_counter()
             run[1], _ = algo.round(state, fed.clients(r), r)
+            sync()
             if r > warmup:
                 wall.append(time.perf_counter() - t)
                 local.append(clock.seconds)
@@ -102,6 +115,10 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default='{"name": "femnist_cnn"}', help="the model, as JSON")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--fallback", choices=("sequential", "stacked"),
+                    help="the batched executor's path for what cannot go low-rank (default: the device's faster)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from mcfl.data import load
@@ -110,15 +127,18 @@ def main(argv=None) -> int:
     if args.methods:
         wanted = args.methods.split(",")
         todo = [m for m in todo if m[0] in wanted or m[0] == "FedAvg"]
-    model = {"name": "femnist_cnn"}
+    import json
+
+    model = json.loads(args.model)
     train = {"rounds": args.warmup + args.rounds, "clients_per_round": args.clients, "lr": args.lr,
              "batch_size": 10, "local_epochs": 1}
     with tempfile.TemporaryDirectory() as tmp:
         store = args.store or leaf_store(args.leaf, Path(tmp) / "store")
         data = load(store)
-        print(f"# seconds per round, {data.n_clients} real writers ({store.name}), femnist_cnn, "
+        print(f"# seconds per round, {data.n_clients} clients ({store.name}), model {args.model}, "
               f"{args.clients} clients a round, 1 epoch, batch 10, lr {args.lr}; median of {args.rounds} "
-              f"rounds after {args.warmup} warm-up, executors interleaved\n# {machine(torch.device('cpu'))}")
+              f"rounds after {args.warmup} warm-up, executors interleaved; batched fallback "
+              f"{args.fallback or 'the device default'}\n# {machine(torch.device(args.device))}")
         print(f"| {'method':<14} | {'sequential s':>12} | {'batched s':>9} | {'seq / batched':>13} | "
               f"{'seq / FedAvg seq':>16} | {'batched / FedAvg batched':>24} | {'batched: local s':>16} | "
               f"{'batched: rest s':>15} |")
@@ -127,7 +147,8 @@ def main(argv=None) -> int:
         fedavg = todo[0][1:]
         for label, method, params in todo:         # each with FedAvg, interleaved: the ratios
             pair = [fedavg] if method == "FedAvg" else [fedavg, (method, params)]    # see the same load
-            times = time_methods(pair, data, model, train, args.seed, args.rounds, args.warmup)
+            times = time_methods(pair, data, model, train, args.seed, args.rounds, args.warmup, args.device,
+                                 args.fallback)
             base, t = times[0], times[-1]
             print(f"| {label:<14} | {t['sequential']:12.2f} | {t['batched']:9.2f} | "
                   f"{t['sequential'] / t['batched']:12.2f}x | {t['sequential'] / base['sequential']:15.2f}x | "

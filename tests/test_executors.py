@@ -287,14 +287,19 @@ def test_fesem_run_with_batched_executor_matches_sequential(digits_store):
     assert torch.allclose(out["sequential"].centres, out["batched"].centres, atol=1e-5, rtol=0)
 
 
-#: methods whose local updates never reach the batched arithmetic: custom losses that are not
-#: batchable (``Task.loss``: FedFusion, FedMMD) and updates through ``trainer.train`` (FedSGD's one
-#: step) take the sequential code under either executor, so their results are bitwise equal. (The
-#: GSP methods' chained groups go through ``run``, one call per position in the chains.)
-SEQUENTIAL_UPDATES = {"FedFusion", "FedMMD", "FedSGD"}
-#: batchable custom losses (FedCG's): no low-rank path (not an nn.Sequential), always stacked
-#: (with small domain classifiers and GCN projection, so that the CPU fallback is the stacked path)
-STACKED_ONLY = {"FedCG"}
+#: methods whose local updates never reach the batched arithmetic: updates through
+#: ``trainer.train`` (FedSGD's one step) take the sequential code under either executor, so their
+#: results are bitwise equal. (The GSP methods' chained groups go through ``run``, one call per
+#: position in the chains.)
+SEQUENTIAL_UPDATES = {"FedSGD"}
+#: batchable custom losses (FedCG's; FedFusion's frozen extractor; FedMMD's penalty): no low-rank
+#: path, always stacked (FedCG with small domain classifiers and GCN projection, so that the CPU
+#: fallback is the stacked path)
+STACKED_ONLY = {"FedCG", "FedFusion", "FedMMD"}
+#: FedMMD's Gaussian kernels, exp(-d²/b) with the bandwidth b itself a mean of d², amplify the
+#: stacked path's float32 rounding (seen: 1.2e-6 after 8 steps; in float64 its masked estimate
+#: equals the plain one to 1e-16, test_fedmmd)
+ATOL = {"FedMMD": 5e-6}
 SMALL = {"FedCG": {"bottleneck": 64, "dc_width": 4, "dc_kernel": 3}}
 
 
@@ -333,7 +338,7 @@ def test_every_method_runs_with_the_batched_executor(method, path, digits_store,
         pred[ex] = pd.read_csv(tmp_path / ex / "predictions.csv")["pred"]
     assert set(chunks) == (set() if method in SEQUENTIAL_UPDATES else
                            {False} if method in STACKED_ONLY else {path == "lowrank"})
-    atol = 0 if method in SEQUENTIAL_UPDATES else 1e-6
+    atol = 0 if method in SEQUENTIAL_UPDATES else ATOL.get(method, 1e-6)
     seq, bat = states["sequential"], states["batched"]
     assert seq.keys() == bat.keys() and seq
     for key, a in seq.items():

@@ -28,6 +28,21 @@ def test_mmd_of_two_points_by_hand():
     assert float(mmd2(a, b, kernels=3)) == pytest.approx(6 - 2 * (math.exp(-2) + math.exp(-1) + math.exp(-0.5)))
 
 
+def test_masked_mmd_leaves_out_the_padded_rows():
+    """The batched executor pads short batches: the masked estimate of the real rows plus padding
+    is the plain estimate of the real rows, value and gradient."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(7, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(7, 16, dtype=torch.float64, generator=g)
+    pad_a, pad_b = (torch.randn(3, 16, dtype=torch.float64, generator=g) * 50 for _ in range(2))
+    mask = torch.cat([torch.ones(7), torch.zeros(3)]).double()
+    plain, masked = mmd2(a, b), mmd2(torch.cat([a, pad_a]), torch.cat([b, pad_b]), mask=mask)
+    assert masked.item() == pytest.approx(plain.item(), rel=1e-12) and plain.item() > 0.01
+    ga, gm = (torch.autograd.grad(v, a)[0] for v in (plain, masked))
+    assert torch.allclose(ga, gm, rtol=1e-10, atol=1e-14)
+    assert mmd2(a, b, mask=torch.ones(7).double()).item() == pytest.approx(plain.item(), rel=1e-12)
+
+
 def test_params_are_checked():
     with pytest.raises(ValueError, match="lam must be >= 0"):
         Params(lam=-1)

@@ -13,7 +13,9 @@ trains; their feature maps are fused (``operator``: ``conv``, ``multi`` or ``sin
 
 The global model tested at an evaluation is that vector (both extractors equal). The extractor is
 the model's layers before its ``nn.Flatten`` (the LEAF CNNs' convolution blocks). Local training
-runs on the sequential path (the frozen half needs the engine's custom-loss step).
+is a custom loss (the frozen half gets no step) marked batchable: the run's executor trains the
+fusion network, under ``executor: batched`` on the stacked path where that is the faster one (a
+GPU; small models on a CPU) and one client at a time otherwise.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import torch.nn.functional as F
 
 from mcfl.algorithms.base import param_span
 from mcfl.algorithms.fedavg import FedAvg
-from mcfl.engine import FlatModel, LocalTrainer, Task
+from mcfl.engine import FlatModel, Task
+from mcfl.executors import same_executor
 from mcfl.models.fusion import FusionNet
 
 
@@ -36,8 +39,15 @@ class Params:
     operator: Literal["conv", "multi", "single"] = "conv"
 
 
-def cross_entropy(module, x, y, rows):
-    return F.cross_entropy(module(x), y)
+def cross_entropy(module, x, y, rows, mask=None):
+    """Plain cross-entropy through the fusion network; as a custom loss its frozen extractor gets no
+    step. ``mask`` (the batched executor's padded batches): the mean over the real rows."""
+    if mask is None:
+        return F.cross_entropy(module(x), y)
+    return (F.cross_entropy(module(x), y, reduction="none") * mask).sum() / mask.sum().clamp(min=1)
+
+
+cross_entropy.batchable = True      # vmap-safe: the batched executor stacks these tasks
 
 
 class FedFusion(FedAvg):
@@ -49,7 +59,7 @@ class FedFusion(FedAvg):
         fed.model.load(fed.w0)                  # both extractors start from the run's initial weights
         net = FusionNet(fed.model.module, fed.data.x_shape, params.operator)
         flat = FlatModel(net, fed.device)
-        trainer = LocalTrainer(flat, fed.dev, fed.trainer.spec, fed.seed)
+        trainer = same_executor(fed.trainer, flat, fed.dev)
         self.fed = dataclasses.replace(fed, model=flat, trainer=trainer, w0=flat.get())
         self.local_sl, self.glob_sl = param_span(flat, "local."), param_span(flat, "glob.")
 

@@ -23,8 +23,9 @@ The server averages the local models as FedAvg.
   (V-statistic) estimate over the minibatch; it is 0 for identical feature sets.
 * ``lam`` = 0 is FedAvg. The paper's weight is not given in FedGSP; 0.1 by default.
 
-The penalty is a custom local loss (``Task.loss``), so under ``executor: batched`` these tasks run
-on the sequential path (as FedCG's).
+The penalty is a custom local loss (``Task.loss``), one per round shared by the round's clients and
+marked batchable: under ``executor: batched`` the clients train stacked where that path is the
+faster one (a GPU; small models on a CPU), one at a time otherwise (as FedCG's).
 """
 
 from __future__ import annotations
@@ -55,17 +56,27 @@ class Params:
             raise ValueError(f"kernel_mul must be > 0, got {self.kernel_mul}")
 
 
-def mmd2(a: torch.Tensor, b: torch.Tensor, kernels: int = 5, kernel_mul: float = 2.0) -> torch.Tensor:
-    """Biased MMD² between the rows of ``a`` and ``b`` under the multi-kernel Gaussian above."""
+def mmd2(a: torch.Tensor, b: torch.Tensor, kernels: int = 5, kernel_mul: float = 2.0,
+         mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Biased MMD² between the rows of ``a`` and ``b`` under the multi-kernel Gaussian above.
+    ``mask`` (n,): which row pairs (a_i, b_i) are real (the batched executor's padded batches); the
+    padded ones are left out of the estimate and of the bandwidth."""
     n = len(a)
     z = torch.cat([a.flatten(1), b.flatten(1)])
     # differences, not |u|² + |v|² - 2 u·v: that cancels badly, and at the start of a round (local
     # features = global features) its rounding noise would drive the gradient
     d2 = (z[:, None, :] - z[None, :, :]).pow(2).sum(-1)
-    m = len(z)
-    base = (d2.detach().sum() / max(m * m - m, 1)).clamp_min(1e-12)
-    k = sum(torch.exp(-d2 / (base * kernel_mul ** (i - kernels // 2))) for i in range(kernels))
-    return k[:n, :n].mean() + k[n:, n:].mean() - 2 * k[:n, n:].mean()
+    if mask is None:
+        m = len(z)
+        base = (d2.detach().sum() / max(m * m - m, 1)).clamp_min(1e-12)
+        k = sum(torch.exp(-d2 / (base * kernel_mul ** (i - kernels // 2))) for i in range(kernels))
+        return k[:n, :n].mean() + k[n:, n:].mean() - 2 * k[:n, n:].mean()
+    w = torch.cat([mask, mask])
+    pair = w[:, None] * w[None, :]                  # 1 where both rows are real (d2's diagonal is 0)
+    m = w.sum()
+    base = ((d2.detach() * pair).sum() / (m * m - m).clamp_min(1)).clamp_min(1e-12)
+    k = sum(torch.exp(-d2 / (base * kernel_mul ** (i - kernels // 2))) for i in range(kernels)) * pair
+    return (k[:n, :n].sum() + k[n:, n:].sum() - 2 * k[:n, n:].sum()) / mask.sum().clamp_min(1) ** 2
 
 
 def split_at_last_linear(module: nn.Module) -> tuple[nn.Sequential, nn.Sequential]:
@@ -89,18 +100,30 @@ class FedMMD(FedAvg):
         names = [n for n, _ in fed.model.module.named_parameters()]
         mine = {n for n, _ in self.features.named_parameters()}
         self.index = [(i, n) for i, n in enumerate(names) if n in mine]    # the extractor's parameters
+        self._loss_for, self._loss = None, None
 
     def local_task(self, client: int, w: torch.Tensor) -> Task:
-        p = self.p
-        if not p.lam:
+        if not self.p.lam:
             return Task(client, w)
+        if self._loss_for is not w:        # one loss per global model: the round's tasks share it
+            self._loss_for, self._loss = w, self._make_loss(w)
+        return Task(client, w, loss=self._loss)
+
+    def _make_loss(self, w: torch.Tensor):
+        """The local objective above against the global model ``w`` (its extractor frozen)."""
+        p = self.p
         views = self.fed.model.param_views(w.detach())
         frozen = {n: views[i] for i, n in self.index}             # the global extractor, frozen
 
-        def loss(module, x, y, rows):
+        def loss(module, x, y, rows, mask=None):
             h = self.features(x)
             with torch.no_grad():
                 h_global = functional_call(self.features, frozen, (x,))
-            return F.cross_entropy(self.head(h), y) + p.lam * mmd2(h, h_global, p.kernels, p.kernel_mul)
+            if mask is None:
+                ce = F.cross_entropy(self.head(h), y)
+            else:
+                ce = (F.cross_entropy(self.head(h), y, reduction="none") * mask).sum() / mask.sum().clamp(min=1)
+            return ce + p.lam * mmd2(h, h_global, p.kernels, p.kernel_mul, mask)
 
-        return Task(client, w, loss=loss)
+        loss.batchable = True          # vmap-safe: the batched executor stacks these tasks
+        return loss
