@@ -37,6 +37,10 @@ def test_fedcg_tables_are_built_from_the_runs(tmp_path, cli_env):
     pair = t5.set_index("label")[["only_this", "only_fedavg", "sign_p_fedavg"]]    # from predictions.csv
     assert pair.loc[["FedCG(2)", "Oracle(2)"]].notna().all().all() and pair.loc["FedAvg"].isna().all()
     assert "Table 4" in (out / "tables.md").read_text()
+    # the discovered domains (not the oracle's) against per-client image statistics
+    shares = pd.read_csv(out / "dd" / "writers-shares.csv")
+    assert set(shares["label"]) == {"FedCG(2)"} and set(shares["domain"]) == {0, 1}
+    assert "## Domain shares against the writer statistics" in (out / "dd" / "writers.md").read_text()
 
     without = dict(TINY, methods=[{"method": "FedAvg"}])
     write_config(tmp_path, without)

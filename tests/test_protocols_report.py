@@ -165,3 +165,42 @@ def test_publish_copies_the_table_and_figures_with_their_provenance(tmp_path):
     assert "2 runs on cpu" in text and "CPU kernels AVX2" in text and "`config/x.yaml`" in text
     assert "![convergence_x](../figures/dag/study/convergence_x.png)" in text
     assert (tmp_path / "docs" / "figures" / "dag" / "study" / "convergence_x.png").read_bytes() == b"png"
+
+
+def test_domain_shares_are_ranked_against_the_writer_statistics(tmp_path):
+    """FedCG's per-writer domain shares (assignments.csv's domain_share_<k>): a share that rises
+    with a writer statistic has rho 1 with it, and the report names that domain; the
+    majority-domain clusters get the usual eta2."""
+    from mcfl.data import write_store
+    from mcfl.data.store import ClientData
+    from mcfl.report.writers import STATS, share_association, write as write_writers
+
+    stats = pd.DataFrame({k: [1.0, 2.0, 3.0, 4.0] for k in STATS})
+    stats["slant"] = [0.5, 0.5, 0.5, 0.5]                     # constant: no rank correlation
+    shares = pd.DataFrame({"domain_share_0": [0.1, 0.2, 0.6, 0.9], "domain_share_1": [0.9, 0.8, 0.4, 0.1]})
+    r = share_association(stats, shares).set_index(["domain", "stat"])
+    assert r.loc[(0, "ink_darkness"), "rho"] == pytest.approx(1.0)
+    assert r.loc[(1, "ink_darkness"), "rho"] == pytest.approx(-1.0)
+    assert np.isnan(r.loc[(0, "slant"), "rho"])
+
+    rng = np.random.default_rng(0)
+    clients = []
+    for i in range(4):                                        # a broader stroke writer by writer
+        x = np.zeros((3, 28, 28), np.float32)
+        x[:, 6:22, 12:13 + i] = 1.0
+        clients.append(ClientData(f"w{i}", x.reshape(3, -1), rng.integers(0, 62, 3),
+                                  x[:1].reshape(1, -1), np.array([0])))
+    store = write_store(tmp_path / "s", clients, n_classes=62, source="test", params={})
+    d = fake_run(tmp_path / "runs", "FedCG(2)", 0, 0.5)
+    pd.DataFrame({"client": [f"w{i}" for i in range(4)], "true_cluster": "", "cluster": [1, 1, 0, 0],
+                  **shares}).to_csv(d / "assignments.csv", index=False)
+    write_writers(store, [d], tmp_path / "out" / "w", shares=True)
+    sh = pd.read_csv(tmp_path / "out" / "w-shares.csv").set_index(["domain", "stat"])
+    assert sh.loc[(0, "ink_fraction"), "rho"] == pytest.approx(1.0)
+    assert np.isnan(sh.loc[(0, "ink_darkness"), "rho"])     # every pen equally dark
+    md = (tmp_path / "out" / "w.md").read_text()
+    assert "## Domain shares against the writer statistics" in md
+    assert "+1.00 (domain 0" in md or "-1.00 (domain" in md
+    assert "0.45 / 50%" in md                                 # domain 0: mean share, writers >= 1/2
+    clusters = pd.read_csv(tmp_path / "out" / "w.csv").set_index("stat")
+    assert clusters.loc["ink_fraction", "eta2"] > 0.5

@@ -300,7 +300,7 @@ def _cmd_publish(a) -> int:
 def _cmd_report_writers(a) -> int:
     from mcfl.report.writers import write
 
-    write(a.store, a.runs, a.out)
+    write(a.store, a.runs, a.out, shares=a.shares)
     return 0
 
 
@@ -446,6 +446,8 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
                                               "clusters (OUT.csv, OUT.md)")
     p.add_argument("--store", required=True, help="the runs' prepared store")
     p.add_argument("--out", required=True, help="output path without suffix")
+    p.add_argument("--shares", action="store_true",
+                   help="also OUT-shares.csv: domain shares (FedCG's domain_share_<k>) against the statistics")
     p.add_argument("runs", nargs="+", help="run directories (metrics.json, assignments.csv)")
     p = sub.add_parser("publish", help="copy a report (table.md, figures/) into the docs with its provenance")
     p.add_argument("--results", required=True, help="the config's results directory")

@@ -384,6 +384,16 @@ class Plan:
         return [self.dir_of(r) for r in self.runs.values()
                 if r["dataset"] in datasets and r["method"] in TABLE5_METHODS]
 
+    def fedcg_domain_runs(self, dataset: str | None = None) -> list[str]:
+        """FedCG runs that discover their domains (``clustering: classifier``, whose assignments
+        give each client's domain shares), of ``dataset`` or of any."""
+        return [self.dir_of(r) for r in self.runs.values()
+                if r["method"] == "FedCG" and r["params"].get("clustering", "classifier") == "classifier"
+                and dataset in (None, r["dataset"])]
+
+    def fedcg_domain_datasets(self) -> list[str]:
+        return sorted({r["dataset"] for r in self.runs.values() if self.dir_of(r) in self.fedcg_domain_runs()})
+
     # -- real-writer protocol table, writer statistics, publishing (issue 29) ----------------------
     @property
     def protocols(self) -> dict:
@@ -463,6 +473,7 @@ class Plan:
             out.append(self.res("select_k.md"))
         if self.fedcg_runs():
             out += [self.res(f"fedcg/{n}") for n in ("table3.csv", "table4.csv", "table5.csv", "tables.md")]
+            out += [self.res(f"fedcg/{d}/writers.md") for d in self.fedcg_domain_datasets()]
         if self.config["tracking"] == "deferred":
             out.append(self.res("mlflow_runs.tsv"))
         if self.protocols:

@@ -1,5 +1,6 @@
 # FedCG's tables (Caldarola et al. 2021, Tables 3-5) from the FedAvg and FedCG runs of every dataset
-# that has a FedCG run. Nothing is added when the config has no FedCG entry.
+# that has a FedCG run, and per dataset what its discovered domains follow (each client's domain
+# shares against per-writer image statistics). Nothing is added when the config has no FedCG entry.
 
 if P.fedcg_runs():
 
@@ -19,3 +20,24 @@ if P.fedcg_runs():
             out=lambda w: P.res("fedcg"),
         shell:
             "mcfl report-fedcg --out {params.out:q} {params.runs:q} > {log:q} 2>&1"
+
+
+if P.fedcg_domain_datasets():
+
+    rule fedcg_writers:
+        input:
+            store=lambda w: P.store(w.dataset),
+            assignments=lambda w: [f"{d}/assignments.csv" for d in P.fedcg_domain_runs(w.dataset)],
+        output:
+            csv=P.res("fedcg/{dataset}/writers.csv"),
+            shares=P.res("fedcg/{dataset}/writers-shares.csv"),
+            markdown=P.res("fedcg/{dataset}/writers.md"),
+        log:
+            P.logs("fedcg_writers_{dataset}.log"),
+        wildcard_constraints:
+            dataset="[^/]+",
+        params:
+            runs=lambda w: P.fedcg_domain_runs(w.dataset),
+            out=lambda w: P.res(f"fedcg/{w.dataset}/writers"),
+        shell:
+            "mcfl report-writers --shares --store {input.store:q} --out {params.out:q} {params.runs:q} > {log:q} 2>&1"

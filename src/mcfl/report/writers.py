@@ -16,6 +16,13 @@ the statistic's variance between clusters (0 = the clusters do not differ in it;
 within each cluster), and ``kruskal_p``, the Kruskal-Wallis test's p-value of "same distribution in
 every cluster" (scipy). The markdown gives, per run label, the mean eta2 over seeds and the median p,
 and the per-cluster means of each statistic for the first seed.
+
+Runs whose ``assignments.csv`` also gives each client's mix of discovered domains (FedCG:
+``domain_share_<k>``, the share of the writer's training images the student puts in domain k) are
+related to the statistics by Spearman's rank correlation between each statistic and each domain's
+share (``rho``, ``p``; scipy), over the writers: a majority domain (``cluster``) can hide that every
+writer spreads over the same few domains, while the shares still follow style. With
+``shares=True`` these rows go to ``<out>-shares.csv`` (label, seed, domain, stat, rho, p).
 """
 
 from __future__ import annotations
@@ -83,17 +90,43 @@ def association(stats: pd.DataFrame, clusters: pd.Series) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def write(store_path: str | Path, run_dirs: list[str | Path], out: str | Path) -> pd.DataFrame:
-    """``<out>.csv`` (run, label, seed, stat, eta2, kruskal_p) and ``<out>.md`` from clustered runs."""
+SHARE = "domain_share_"
+
+
+def share_association(stats: pd.DataFrame, shares: pd.DataFrame) -> pd.DataFrame:
+    """Spearman's rho and p between each statistic and each ``domain_share_<k>`` column of
+    ``shares`` (rows aligned with ``stats``); nan where either side is constant."""
+    from scipy.stats import spearmanr
+
+    out = []
+    for col in [c for c in shares.columns if c.startswith(SHARE)]:
+        d = shares[col].to_numpy(dtype=float)
+        for k in STATS:
+            v = stats[k].to_numpy(dtype=float)
+            rho, p = spearmanr(v, d) if np.ptp(v) > 0 and np.ptp(d) > 0 else (np.nan, np.nan)
+            out.append({"domain": int(col[len(SHARE):]), "stat": k, "rho": float(rho), "p": float(p)})
+    return pd.DataFrame(out, columns=["domain", "stat", "rho", "p"])
+
+
+def write(store_path: str | Path, run_dirs: list[str | Path], out: str | Path, *,
+          shares: bool = False) -> pd.DataFrame:
+    """``<out>.csv`` (run, label, seed, stat, eta2, kruskal_p) and ``<out>.md`` from clustered runs;
+    with ``shares``, ``<out>-shares.csv`` too (module docstring)."""
     from mcfl.data.store import load
 
     stats = writer_stats(load(store_path))
-    rows, means = [], {}
+    rows, means, share_rows, mix = [], {}, [], {}
     for d in run_dirs:
         m = read_run(d)
         a = pd.read_csv(Path(d) / "assignments.csv", dtype={"client": str})
         if a["cluster"].isna().all():
             continue
+        cols = [c for c in a.columns if c.startswith(SHARE)]
+        if cols:
+            both = stats.merge(a[["client", *cols]], on="client", how="inner")
+            share_rows += [{"label": m["label"], "seed": m["seed"], **r}
+                           for r in share_association(both, both[cols]).to_dict("records")]
+            mix.setdefault(m["label"], []).append(both[cols].to_numpy(dtype=float))
         merged = stats.merge(a[["client", "cluster"]], on="client", how="inner")
         assoc = association(merged, merged["cluster"])
         rows += [{"label": m["label"], "seed": m["seed"], **r} for r in assoc.to_dict("records")]
@@ -104,10 +137,50 @@ def write(store_path: str | Path, run_dirs: list[str | Path], out: str | Path) -
     t = pd.DataFrame(rows, columns=["label", "seed", "stat", "eta2", "kruskal_p"])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    sh = pd.DataFrame(share_rows, columns=["label", "seed", "domain", "stat", "rho", "p"])
     with atomic_path(out.with_suffix(".csv")) as tmp:
         t.round(6).to_csv(tmp, index=False)
-    write_text(out.with_suffix(".md"), to_markdown(t, means))
+    if shares:
+        with atomic_path(out.parent / f"{out.name}-shares.csv") as tmp:
+            sh.round(6).to_csv(tmp, index=False)
+    write_text(out.with_suffix(".md"), to_markdown(t, means) + shares_markdown(sh, mix))
     return t
+
+
+def shares_markdown(sh: pd.DataFrame, mix: dict[str, list[np.ndarray]]) -> str:
+    """Per run label: how writers spread over the domains, and each statistic's strongest
+    rank correlation with a domain's share (mean rho over seeds, median p)."""
+    if sh.empty:
+        return ""
+    lines = ["", "", "## Domain shares against the writer statistics", "",
+             "Each writer's share of training images in each discovered domain (FedCG's student), "
+             "against each statistic: Spearman's rho over the writers, mean over seeds (p: median). "
+             "Per statistic the domain with the largest |rho|.", ""]
+    labels = list(dict.fromkeys(sh["label"]))
+    g = sh.groupby(["label", "stat", "domain"]).agg(rho=("rho", "mean"), p=("p", "median"), seeds=("seed", "nunique"))
+    cells = []
+    for s in STATS:
+        row = [s]
+        for lab in labels:
+            part = g.loc[(lab, s)] if (lab, s) in g.index.droplevel(2) else None
+            if part is None or part["rho"].isna().all():
+                row.append("")
+                continue
+            k = part["rho"].abs().idxmax()
+            row.append(f"{part.loc[k, 'rho']:+.2f} (domain {k}, p {part.loc[k, 'p']:.2g})")
+        cells.append(row)
+    seeds = {lab: int(g.loc[lab]["seeds"].max()) for lab in labels}
+    lines.append(markdown_table(["statistic"] + [f"{lab} (seeds {seeds[lab]})" for lab in labels], cells))
+    lines += ["", "How the writers spread over the domains (all seeds pooled): mean share, and the "
+              "writers with at least half of their images in the domain.", ""]
+    spread = []
+    for lab in labels:
+        x = np.concatenate(mix[lab])
+        spread.append([lab] + [f"{x[:, k].mean():.2f} / {(x[:, k] >= 0.5).mean():.0%}" for k in range(x.shape[1])])
+    width = max(len(r) for r in spread) - 1
+    lines.append(markdown_table(["run"] + [f"domain {k}" for k in range(width)],
+                                [r + [""] * (width + 1 - len(r)) for r in spread]))
+    return "\n".join(lines) + "\n"
 
 
 def to_markdown(t: pd.DataFrame, means: dict) -> str:
