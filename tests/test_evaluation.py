@@ -20,6 +20,7 @@ class TwoModels:
     """Clusters {c0, c1} -> a model that always says 0, {c2, c3} -> one that always says 1."""
 
     name = "stub"
+    clustered = True
 
     def __init__(self, fed):
         self.fed = fed
@@ -71,6 +72,23 @@ def test_v2_cluster_max_tests_everyone_on_every_model(fed):
     # all on "0": 2+1+0+1 of 10 right; all on "1": 0+3+2+1 of 10 right
     assert out["micro_acc"] == pytest.approx(0.6)
     assert out["macro_acc"] == pytest.approx((0 + 0.75 + 1 + 0.5) / 4)    # under the last model
+
+
+def test_v2_scores_personal_and_single_models_as_the_standard_protocol(fed):
+    """cluster_max tests every client on every *cluster* model; one model per client (NoFed) or
+    one model for all are scored as the standard protocol."""
+    class Personal(TwoModels):
+        clustered = False
+
+        def eval_models(self, state):      # the own models of c0..c3 say 1, 0, 1, 1
+            return [(torch.full((1,), int(i != 1)), np.array([i])) for i in range(4)]
+
+    out = evaluate_protocol(Protocol(combine="cluster_max"), Personal(fed), None, fed, 1)
+    standard, _ = evaluate(Personal(fed), None, fed)
+    # own models: c0 0 of 2, c1 1 of 4, c2 2 of 2, c3 1 of 2 right (everyone on the "1" models
+    # would score 6 of 10)
+    assert out["micro_acc"] == pytest.approx(4 / 10) == standard["micro_acc"]
+    assert out["macro_acc"] == pytest.approx((0 + 0.25 + 1 + 0.5) / 4)
 
 
 def test_active_clients_only(fed):

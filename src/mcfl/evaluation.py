@@ -23,7 +23,9 @@ difference can be switched on alone:
   - ``cluster_max`` (V2): every tested client is tested on *every* cluster's model; ``micro_acc``
     and ``micro_f1`` are the maximum over the models of the test-sample-weighted accuracy / F1,
     ``macro_acc`` and ``macro_f1`` the mean over clients under the *last* model (as V2's code does).
-    For unclustered methods (one model) this is the standard protocol.
+    For unclustered methods this is the standard protocol: one model, or NoFed's model per client
+    (personal models, not cluster centres: V2's code has no NoFed, and testing every writer on
+    every other writer's model would score nothing the authors compared).
 
 The protocols of one evaluation round share a :class:`RoundCache`: each client is predicted on
 each model, and fine-tuned from it, at most once a round, whichever protocols ask (on the real
@@ -150,7 +152,8 @@ def evaluate_protocol(p: Protocol, algo, state, fed, rnd: int,
     keep = np.zeros(fed.n_clients, dtype=bool)
     keep[chosen] = True
     models = [(k, np.asarray(m)[keep[np.asarray(m)]]) for k, (_, m) in enumerate(cache.models)]
-    if p.combine == "cluster_max":           # every chosen client on every model
+    combine = p.combine if p.combine != "cluster_max" or algo.clustered else "clients"
+    if combine == "cluster_max":             # every chosen client on every cluster's model
         models = [(k, np.flatnonzero(keep)) for k, _ in models]
     y = fed.dev.y["test"].cpu().numpy()
     per_model: dict[int, dict[str, np.ndarray]] = {}
@@ -161,10 +164,10 @@ def evaluate_protocol(p: Protocol, algo, state, fed, rnd: int,
         per_model[k] = per_client_scores(owners, y[rows], preds, fed.n_clients, fed.dev.n_classes)
     if not per_model:
         raise ValueError(f"round {rnd}: no chosen client has test samples")
-    if p.combine == "clients":
+    if combine == "clients":
         total = {key: sum(s[key] for s in per_model.values()) for key in ("n", "acc", "f1")}
         return summarize(total)              # each client is in exactly one model's scores
-    if p.combine == "cluster_max":
+    if combine == "cluster_max":
         summaries = [summarize(s) for s in per_model.values()]
         last = summaries[-1]
         return {"micro_acc": max(s["micro_acc"] for s in summaries),
