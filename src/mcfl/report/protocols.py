@@ -140,7 +140,8 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -
                 "Each column scores the standard protocol's trained models again (mcfl.evaluation): "
                 "`active` = the round's active clients only; `finetune` = those after one epoch of local "
                 "fine-tuning; `cluster_mean` = unweighted mean over clusters; `v1` = all three (the "
-                "authors' V1 code); `v2` = every client on every cluster model, max over clusters (V2).", "",
+                "authors' V1 code); `v2` = every client on every cluster model, max over clusters "
+                "(V2; methods without clusters, NoFed included, as the standard).", "",
                 markdown_table(["method", "standard"] + [f"`{n}`" for n in names],
                                [[r["method"], ms(r, "standard")] + [ms(r, n) for n in names]
                                 for _, r in t.iterrows()])]
