@@ -34,6 +34,10 @@ class FedAvg(Algorithm):
         """The local update client ``client`` runs from the global model ``w``."""
         return Task(client, w)
 
+    def local_tasks(self, clients: np.ndarray, w: torch.Tensor):
+        """The round's local updates (default: ``local_task`` per client)."""
+        return (self.local_task(int(c), w) for c in clients)
+
     def weight(self, res) -> float:
         """The weight of a local model in the server average (its training-set size)."""
         return res.n_samples
@@ -45,7 +49,7 @@ class FedAvg(Algorithm):
     def round(self, state: State, clients: np.ndarray, rnd: int):
         acc = WeightedSum(1, state.w.numel(), state.w.device)
         losses = []
-        for task, res in self.fed.trainer.run((self.local_task(int(c), state.w) for c in clients), rnd):
+        for task, res in self.fed.trainer.run(self.local_tasks(clients, state.w), rnd):
             acc.add(0, res.weights, self.weight(res))
             losses.append(res.loss)
         return State(self.server_step(state.w, acc.mean(0))), {"train_loss": float(np.mean(losses))}

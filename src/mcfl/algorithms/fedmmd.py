@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -100,16 +101,18 @@ class FedMMD(FedAvg):
         names = [n for n, _ in fed.model.module.named_parameters()]
         mine = {n for n, _ in self.features.named_parameters()}
         self.index = [(i, n) for i, n in enumerate(names) if n in mine]    # the extractor's parameters
-        self._loss_for, self._loss = None, None
 
-    def local_task(self, client: int, w: torch.Tensor) -> Task:
+    def local_task(self, client: int, w: torch.Tensor, loss=None) -> Task:
         if not self.p.lam:
             return Task(client, w)
-        if self._loss_for is not w:        # one loss per global model: the round's tasks share it
-            self._loss_for, self._loss = w, self._make_loss(w)
-        return Task(client, w, loss=self._loss)
+        return Task(client, w, loss=loss or self.local_loss(w))
 
-    def _make_loss(self, w: torch.Tensor):
+    def local_tasks(self, clients: np.ndarray, w: torch.Tensor):
+        """The round's clients share one loss (the batched executor stacks only tasks that do)."""
+        loss = self.local_loss(w) if self.p.lam else None
+        return (self.local_task(int(c), w, loss) for c in clients)
+
+    def local_loss(self, w: torch.Tensor):
         """The local objective above against the global model ``w`` (its extractor frozen)."""
         p = self.p
         views = self.fed.model.param_views(w.detach())
