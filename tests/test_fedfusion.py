@@ -27,6 +27,18 @@ def test_equal_extractors_give_the_plain_model(operator):
     assert torch.allclose(FusionNet(m, SHAPE, operator)(x), m(x), atol=1e-6)
 
 
+def test_a_model_on_another_device_is_probed_there():
+    """The probe that sizes the fusion operator runs where the model's weights are (a CUDA run's
+    model is on the GPU; "meta" stands in for it here, and a hook checks the input's device)."""
+    m = plain().to("meta")
+    seen = []
+    first = next(c for c in m.modules() if isinstance(c, torch.nn.Conv2d))
+    first.register_forward_pre_hook(lambda mod, args: seen.append(args[0].device))
+    net = FusionNet(m, SHAPE, "conv")
+    assert seen and all(d.type == "meta" for d in seen)
+    assert net.fuse.in_channels == 2 * net.fuse.out_channels
+
+
 @pytest.mark.parametrize("operator", ["conv", "multi", "single"])
 def test_local_weight_zero_is_the_global_model(operator):
     m = plain()

@@ -8,8 +8,9 @@
 #
 # then `python docs/tools/import_device_runs.py <unpacked runs.tgz> --device-name "<GPU>"`.
 # What comes back (at most 8 files of 16 MiB): machine.txt, cuda_tests.log, runs.tgz (every finished
-# run's metrics/history/predictions/assignments, state.pt where under 2 MB, the logs), ckpt<N>.tgz
-# (checkpoints under 15 MB of the runs the deadline stopped, to resume anywhere). A clustered run's
+# run's metrics/history/predictions/assignments, state.pt where under 2 MB, the logs), and
+# ckpt.tgz.part-* (the checkpoints of the runs the deadline stopped, to resume anywhere:
+# `cat ckpt.tgz.part-* | tar xz` in the repository root). A clustered run's
 # state.pt can be far larger (FedCG on the FEMNIST CNN: 356 MB) and stays there.
 #
 # Measured 2026-11-26 on an H200 (16 cores), 13 jobs at once under MPS: FedCG(4) on the 105 real
@@ -46,27 +47,28 @@ echo "stopped at $(el) s with $(running) running" >> .devrun/logs/done.txt
 pkill -f "$JOBS/"; pkill -f "mcfl.cli"; sleep 3; pkill -9 -f "mcfl.cli"; kill $TESTS 2>/dev/null
 find results*/ \( -path "*/runs/*" -o -path "*/logs/*" -o -path "*/init/*" \) -type f -size -2M > /tmp/small.txt
 tar czf $OUT/runs.tgz .devrun/logs -T /tmp/small.txt
-python3 - <<'PY' >> $OUT/machine.txt 2>&1
-import glob, os, tarfile
-files = sorted(glob.glob("results*/checkpoints/**/*.pt", recursive=True), key=os.path.getsize)
-part, size, n = [], 0, 0
-def flush():
-    global part, size, n
-    if part and n < 4:
-        with tarfile.open(os.environ["OUT"] + f"/ckpt{n}.tgz", "w:gz") as t:
-            for f in part:
-                t.add(f)
-        n += 1
-    part, size = [], 0
-for f in files:
-    s = os.path.getsize(f)
-    if s > 15e6:
-        print("checkpoint too big to bring back:", f, s)
+# Checkpoints of the runs the deadline stopped, in job order (the queue's priority), as one tar
+# split into 15 MiB parts (ckpt.tgz.part-aa, -ab, ...; `cat` them back together): a LEAF-CNN
+# checkpoint is 26 MB, over one returned file's limit, so without the split none would come back.
+JOBS=$JOBS python3 - <<'PY' >> $OUT/machine.txt 2>&1
+import glob, os, re, subprocess
+out = os.environ["OUT"]
+budget = 60 * 2**20 - os.path.getsize(out + "/runs.tgz")        # 64 MiB back in all, 8 files
+picked, size = [], 0
+for job in sorted(glob.glob(os.environ["JOBS"] + "/*.sh")):
+    text = open(job).read()
+    ck = re.search(r"--checkpoint (\S+)", text)
+    if not ck or not os.path.exists(ck.group(1)):
         continue
-    if size + s > 15e6:
-        flush()
-    part.append(f); size += s
-flush()
+    s = os.path.getsize(ck.group(1))
+    if size + s > budget:
+        print("no room to bring back:", ck.group(1), s)
+        continue
+    picked.append(ck.group(1)); size += s
+if picked:
+    subprocess.run(f"tar cf - {' '.join(picked)} | gzip -1 | split -b 15M - {out}/ckpt.tgz.part-",
+                   shell=True, check=True)
+    print("checkpoints back:", *picked)
 PY
 ls -la $OUT; cat .devrun/logs/done.txt; tail -3 $OUT/cuda_tests.log; echo "ended at $(el) s"
 pkill -P $$; wait; exit 0

@@ -44,7 +44,8 @@ class FusionNet(nn.Module):
         self.local, self.head = extractor, head
         self.glob = copy.deepcopy(extractor).requires_grad_(False)
         with torch.no_grad():
-            channels = extractor(torch.zeros(1, *input_shape)).shape[1]
+            probe = torch.zeros(1, *input_shape, device=next(extractor.parameters()).device)
+            channels = extractor(probe).shape[1]
         if operator == "conv":
             self.fuse = nn.Conv2d(2 * channels, channels, 1)
             eye = torch.eye(channels)[:, :, None, None] / 2
