@@ -202,5 +202,25 @@ def test_domain_shares_are_ranked_against_the_writer_statistics(tmp_path):
     assert "## Domain shares against the writer statistics" in md
     assert "+1.00 (domain 0" in md or "-1.00 (domain" in md
     assert "0.45 / 50%" in md                                 # domain 0: mean share, writers >= 1/2
+    assert "| FedCG(2) | 0 of 1 |" in md                       # the writers spread: not collapsed
     clusters = pd.read_csv(tmp_path / "out" / "w.csv").set_index("stat")
     assert clusters.loc["ink_fraction", "eta2"] > 0.5
+
+
+def test_a_student_that_puts_every_image_in_one_domain_is_reported_collapsed():
+    """FedCG's student can send all images to one domain (seen on the real writers): the report
+    counts such seeds and says the constant shares have no correlation instead of a blank cell."""
+    from mcfl.report.writers import collapsed, shares_markdown
+
+    one = np.array([[0.0, 1.0], [0.0, 1.0], [0.0, 1.0]])
+    spread = np.array([[0.2, 0.8], [1.0, 0.0], [0.0, 1.0]])    # each writer in one domain, not the same
+    assert collapsed(one) and not collapsed(spread)
+    sh = pd.DataFrame([{"label": "FedCG(2)", "seed": s, "domain": k, "stat": "slant", "rho": np.nan, "p": np.nan}
+                       for s in (0, 1) for k in (0, 1)])
+    md = shares_markdown(sh, {"FedCG(2)": [one, spread]})
+    assert "| FedCG(2) | 1 of 2 |" in md
+    assert "n/a (shares constant)" in md
+    from mcfl.report.writers import STATS, to_markdown
+    t = pd.DataFrame([{"label": "FedCG(2)", "seed": 0, "stat": st, "eta2": 0.0, "kruskal_p": np.nan,
+                       "clusters": 1} for st in STATS])
+    assert "n/a (one cluster)" in to_markdown(t, {})

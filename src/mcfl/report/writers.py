@@ -110,7 +110,7 @@ def share_association(stats: pd.DataFrame, shares: pd.DataFrame) -> pd.DataFrame
 
 def write(store_path: str | Path, run_dirs: list[str | Path], out: str | Path, *,
           shares: bool = False) -> pd.DataFrame:
-    """``<out>.csv`` (run, label, seed, stat, eta2, kruskal_p) and ``<out>.md`` from clustered runs;
+    """``<out>.csv`` (label, seed, stat, eta2, kruskal_p, clusters) and ``<out>.md`` from clustered runs;
     with ``shares``, ``<out>-shares.csv`` too (module docstring)."""
     from mcfl.data.store import load
 
@@ -129,12 +129,13 @@ def write(store_path: str | Path, run_dirs: list[str | Path], out: str | Path, *
             mix.setdefault(m["label"], []).append(both[cols].to_numpy(dtype=float))
         merged = stats.merge(a[["client", "cluster"]], on="client", how="inner")
         assoc = association(merged, merged["cluster"])
-        rows += [{"label": m["label"], "seed": m["seed"], **r} for r in assoc.to_dict("records")]
+        n = merged["cluster"].nunique()
+        rows += [{"label": m["label"], "seed": m["seed"], **r, "clusters": n} for r in assoc.to_dict("records")]
         if m["label"] not in means or m["seed"] < means[m["label"]][0]:
             per = merged.groupby("cluster")[STATS].mean()
             per.insert(0, "writers", merged.groupby("cluster").size())
             means[m["label"]] = (m["seed"], per)
-    t = pd.DataFrame(rows, columns=["label", "seed", "stat", "eta2", "kruskal_p"])
+    t = pd.DataFrame(rows, columns=["label", "seed", "stat", "eta2", "kruskal_p", "clusters"])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sh = pd.DataFrame(share_rows, columns=["label", "seed", "domain", "stat", "rho", "p"])
@@ -164,7 +165,7 @@ def shares_markdown(sh: pd.DataFrame, mix: dict[str, list[np.ndarray]]) -> str:
         for lab in labels:
             part = g.loc[(lab, s)] if (lab, s) in g.index.droplevel(2) else None
             if part is None or part["rho"].isna().all():
-                row.append("")
+                row.append("n/a (shares constant)")
                 continue
             k = part["rho"].abs().idxmax()
             row.append(f"{part.loc[k, 'rho']:+.2f} (domain {k}, p {part.loc[k, 'p']:.2g})")
@@ -172,15 +173,23 @@ def shares_markdown(sh: pd.DataFrame, mix: dict[str, list[np.ndarray]]) -> str:
     seeds = {lab: int(g.loc[lab]["seeds"].max()) for lab in labels}
     lines.append(markdown_table(["statistic"] + [f"{lab} (seeds {seeds[lab]})" for lab in labels], cells))
     lines += ["", "How the writers spread over the domains (all seeds pooled): mean share, and the "
-              "writers with at least half of their images in the domain.", ""]
+              "writers with at least half of their images in the domain. *Collapsed*: the seeds in "
+              "which the student put every training image of every writer into one domain (then "
+              "the shares are constant and have no correlation to show).", ""]
     spread = []
     for lab in labels:
         x = np.concatenate(mix[lab])
-        spread.append([lab] + [f"{x[:, k].mean():.2f} / {(x[:, k] >= 0.5).mean():.0%}" for k in range(x.shape[1])])
-    width = max(len(r) for r in spread) - 1
-    lines.append(markdown_table(["run"] + [f"domain {k}" for k in range(width)],
-                                [r + [""] * (width + 1 - len(r)) for r in spread]))
+        spread.append([lab, f"{sum(map(collapsed, mix[lab]))} of {len(mix[lab])}"]
+                      + [f"{x[:, k].mean():.2f} / {(x[:, k] >= 0.5).mean():.0%}" for k in range(x.shape[1])])
+    width = max(len(r) for r in spread) - 2
+    lines.append(markdown_table(["run", "collapsed"] + [f"domain {k}" for k in range(width)],
+                                [r + [""] * (width + 2 - len(r)) for r in spread]))
     return "\n".join(lines) + "\n"
+
+
+def collapsed(shares: np.ndarray) -> bool:
+    """True when one domain holds every image of every writer (shares: writers x domains)."""
+    return bool(np.isclose(shares, 1.0).all(axis=0).any())
 
 
 def to_markdown(t: pd.DataFrame, means: dict) -> str:
@@ -192,7 +201,11 @@ def to_markdown(t: pd.DataFrame, means: dict) -> str:
         return "\n".join(lines + ["No clustered run.", ""])
     labels = list(dict.fromkeys(t["label"]))
     g = t.groupby(["stat", "label"])
-    cell = lambda s, lab: f"{g.get_group((s, lab))['eta2'].mean():.2f} (p {g.get_group((s, lab))['kruskal_p'].median():.2g})"  # noqa: E731
+    def cell(s, lab):
+        x = g.get_group((s, lab))
+        if (x["clusters"] == 1).all():
+            return "n/a (one cluster)"
+        return f"{x['eta2'].mean():.2f} (p {x['kruskal_p'].median():.2g})"
     lines.append(markdown_table(["statistic"] + [f"{lab} (seeds {g.get_group((STATS[0], lab))['seed'].nunique()})" for lab in labels],
                                 [[s] + [cell(s, lab) for lab in labels] for s in STATS]))
     for lab, (seed, per) in means.items():
