@@ -210,7 +210,7 @@ def test_domain_shares_are_ranked_against_the_writer_statistics(tmp_path):
 def test_a_student_that_puts_every_image_in_one_domain_is_reported_collapsed():
     """FedCG's student can send all images to one domain (seen on the real writers): the report
     counts such seeds and says the constant shares have no correlation instead of a blank cell."""
-    from mcfl.report.writers import collapsed, shares_markdown
+    from mcfl.report.writers import STATS, collapsed, shares_markdown, to_markdown
 
     one = np.array([[0.0, 1.0], [0.0, 1.0], [0.0, 1.0]])
     spread = np.array([[0.2, 0.8], [1.0, 0.0], [0.0, 1.0]])    # each writer in one domain, not the same
@@ -219,8 +219,7 @@ def test_a_student_that_puts_every_image_in_one_domain_is_reported_collapsed():
                        for s in (0, 1) for k in (0, 1)])
     md = shares_markdown(sh, {"FedCG(2)": [one, spread]})
     assert "| FedCG(2) | 1 of 2 |" in md
-    assert "n/a (shares constant)" in md
-    from mcfl.report.writers import STATS, to_markdown
+    assert "n/a (share or statistic constant)" in md
     t = pd.DataFrame([{"label": "FedCG(2)", "seed": 0, "stat": st, "eta2": 0.0, "kruskal_p": np.nan,
                        "clusters": 1} for st in STATS])
     assert "n/a (one cluster)" in to_markdown(t, {})

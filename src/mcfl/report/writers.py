@@ -165,7 +165,7 @@ def shares_markdown(sh: pd.DataFrame, mix: dict[str, list[np.ndarray]]) -> str:
         for lab in labels:
             part = g.loc[(lab, s)] if (lab, s) in g.index.droplevel(2) else None
             if part is None or part["rho"].isna().all():
-                row.append("n/a (shares constant)")
+                row.append("n/a (share or statistic constant)")
                 continue
             k = part["rho"].abs().idxmax()
             row.append(f"{part.loc[k, 'rho']:+.2f} (domain {k}, p {part.loc[k, 'p']:.2g})")
