@@ -178,10 +178,54 @@ def test_cpd_study_uses_the_ablations_groupings(digits_store, tmp_path):
 
 # ---------------------------------------------------------------------------------------- DAG
 @pytest.mark.slow
+def _rec(label, seed, hit, acc, dataset="femnist_sample"):
+    """A finished run as load_runs gives it: two evaluations, per-image hits on 4 test images."""
+    hist = pd.DataFrame({"round": [1, 2], "micro_acc": [0.5, acc], "test_loss": [1.0, 0.5]})
+    run = {"label": label, "method": label, "dataset": dataset, "seed": seed, "params": {},
+           "train": {"clients_per_round": 2, "local_epochs": 1}, "dir": Path(label),
+           "machine": "cpu" if label == "FedAvg" else "cuda"}
+    return {"run": run, "final": {"micro_acc": acc, "test_loss": 0.5}, "hist": hist,
+            "y": np.zeros(4, int), "hit": np.array(hit, bool)}
+
+
+def test_table_pairs_each_row_with_fedavg_of_its_seed_and_quotes_the_paper_on_femnist():
+    from mcfl.report.fedgsp import paper_table1, table, table_markdown
+
+    recs = [_rec("FedAvg", 0, [1, 1, 0, 0], 0.5), _rec("FedGSP", 0, [1, 0, 1, 1], 0.75),
+            _rec("FedGSP", 1, [1, 1, 1, 1], 1.0), _rec("FedProx", 0, [1, 1, 0, 0], 0.5)]
+    per, t = table(recs, 0.8, 4, 10.0, CostModel())
+    t = t.set_index("method")
+    # seed 1 has no FedAvg to pair with, so only seed 0 counts: images 3, 4 against image 2
+    assert t.loc["FedGSP", ["only_this", "only_fedavg"]].tolist() == [2, 1]
+    assert t.loc["FedGSP", "sign_p"] == pytest.approx(1.0)          # 2 of 3 discordant: binomial p = 1
+    assert t.loc["FedGSP", "seeds"] == "0,1" and t.loc["FedGSP", "rounds_to_target_mean"] == 2
+    assert t.loc["FedProx", ["only_this", "only_fedavg"]].tolist() == [0, 0]
+    assert np.isnan(t.loc["FedAvg", "only_this"])
+    assert t.loc["FedGSP", "paper_accuracy"] == pytest.approx(0.854) and t.loc["FedGSP", "paper_rounds"] == 34
+    md = table_markdown(t.reset_index())
+    assert "| 2 / 1 |" in md and "85.4 / 0.453 / 34" in md and "80.1 / 0.602 / 470" in md
+    assert "78.7 / 0.633 / ×" in md                                   # FedProx never reaches 80% there
+    assert per.set_index(["method", "seed"]).loc[("FedGSP", 1), "machine"] == "cuda"
+    # the paper's row only on FEMNIST with its 80% target, and only for the rows it has
+    assert paper_table1("digits_2class", "FedGSP", 0.8) is None and paper_table1("femnist", "FedGSP", 0.5) is None
+    assert paper_table1("femnist", "NaiveGSP", 0.8) is None
+    _, t = table([_rec("FedAvg", 0, [1, 0, 0, 0], 0.5, "digits")], 0.8, 4, 10.0, CostModel())
+    assert "Paper" not in table_markdown(t) and "only FedAvg" not in table_markdown(t)
+
+
+def test_table_refuses_to_pair_runs_with_different_test_images():
+    from mcfl.report.fedgsp import table
+
+    other = _rec("FedGSP", 0, [1, 0, 1, 1], 0.75)
+    other["y"] = np.ones(4, int)
+    with pytest.raises(ValueError, match="different test images"):
+        table([_rec("FedAvg", 0, [1, 1, 0, 0], 0.5), other], 0.8, 4, 10.0, CostModel())
+
+
 def test_fedgsp_rules_run_in_the_dag(tmp_path, cli_env):
     c = cfg(experiment="gsp-wf", seeds=[0])
     c["datasets"] = {"a": c["datasets"]["a"]}
-    c["fedgsp"].update(sweep_seeds=[0])
+    c["fedgsp"].update(sweep_seeds=[0], publish={"out": "docs/results/gsp", "title": "GSP"})
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(c))
     cmd = ["snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--cores", "2"]
@@ -192,5 +236,9 @@ def test_fedgsp_rules_run_in_the_dag(tmp_path, cli_env):
               "heatmap.png", "heatmap.csv", "kappa.png", "kappa.csv"):
         assert (out / f).stat().st_size > 0, f
     assert pd.read_csv(out / "table.csv")["method"].tolist() == ["FedAvg", "FedGSP"]
+    page = (tmp_path / "docs" / "results" / "gsp.md").read_text()
+    assert page.startswith("# GSP") and "| FedGSP |" in page and "2 runs on cpu" in page
+    for f in ("cpd.png", "curves.png", "cost.png"):
+        assert f"](../figures/dag/gsp/{f})" in page and (tmp_path / "docs" / "figures" / "dag" / "gsp" / f).is_file()
     # 2 main runs + 1 new heatmap cell + 1 new kappa value (the others reuse the FedGSP run)
     assert len(list(Path(tmp_path / "results" / "runs" / "a").glob("*/seed0/metrics.json"))) == 4

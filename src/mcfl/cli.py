@@ -293,7 +293,8 @@ def _cmd_report_protocols(a) -> int:
 def _cmd_publish(a) -> int:
     from mcfl.report.publish import publish
 
-    publish(Path(a.results), [Path(p) for p in a.runs], Path(a.out), a.config, a.title)
+    publish(Path(a.results), [Path(p) for p in a.runs], Path(a.out), a.config, a.title,
+            figures=a.figures, note=a.note)
     return 0
 
 
@@ -454,6 +455,9 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="page path without suffix, e.g. docs/results/NAME")
     p.add_argument("--config", required=True, help="the config file named on the page")
     p.add_argument("--title", required=True)
+    p.add_argument("--figures", default="figures", help="folder of --results whose PNGs are copied "
+                   "('.' for --results itself; default: figures)")
+    p.add_argument("--note", default="", help="a paragraph under the provenance line")
     p.add_argument("runs", nargs="+", help="the run directories of the report")
     return ap
 

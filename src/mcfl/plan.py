@@ -468,6 +468,8 @@ class Plan:
         out += [self.res(f"figures/cases_{d}.png") for d in self.figure_datasets("cases")]
         if self.gsp:
             out += [self.gsp_out("cpd.png"), self.gsp_out("table.csv")]
+            if self.gsp.get("publish"):
+                out.append(self.gsp["publish"]["out"] + ".md")
             out += [self.gsp_out(f"{kind}.png") for kind in ("heatmap", "kappa") if self.sweeps[kind]]
         if self.auto_k():
             out.append(self.res("select_k.md"))

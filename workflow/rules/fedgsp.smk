@@ -4,6 +4,7 @@
 #            runs on `fedgsp.dataset`
 #   heatmap  Fig. 4   test loss over (alpha, beta) per growth function (sweep runs)
 #   kappa    Fig. 5   accuracy and normalised time against kappa (sweep runs)
+#   publish  Table 1 and the figures copied into the docs with their provenance (`fedgsp.publish`)
 # Sweep runs are ordinary training jobs (rule `train`): mcfl.plan.Plan.runs has them, reusing a
 # configured run wherever a sweep point is identical to it.
 
@@ -49,6 +50,31 @@ if P.gsp:
         shell:
             "mcfl fedgsp table --store {input.store:q} --target {params.target:q} --cost {params.cost:q} "
             '--train {params.train:q} --out "$(dirname {output.table:q})" {params.dirs:q} > {log:q} 2>&1'
+
+    if P.gsp.get("publish"):
+
+        rule fedgsp_publish:
+            input:
+                table=P.gsp_out("table.md"),
+                figures=[P.gsp_out(f) for f in ("cpd.png", "curves.png", "cost.png")],
+                runs=P.run_outputs("metrics.json", P.gsp_main()),
+            output:
+                P.gsp["publish"]["out"] + ".md",
+            log:
+                P.logs(f"fedgsp/{P.gsp['dataset']}/publish.log"),
+            params:
+                results=lambda w: P.gsp_out(""),
+                runs=P.run_dirs(P.gsp_main()),
+                out=lambda w: P.gsp["publish"]["out"],
+                title=P.gsp["publish"]["title"],
+                config=(
+                    os.path.relpath(workflow.overwrite_configfiles[0])
+                    if workflow.overwrite_configfiles
+                    else "config/config.yaml"
+                ),
+            shell:
+                "mcfl publish --results {params.results:q} --figures . --out {params.out:q} "
+                "--config {params.config:q} --title {params.title:q} {params.runs:q} > {log:q} 2>&1"
 
     if P.sweeps["heatmap"]:
 
