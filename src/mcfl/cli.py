@@ -294,7 +294,7 @@ def _cmd_publish(a) -> int:
     from mcfl.report.publish import publish
 
     publish(Path(a.results), [Path(p) for p in a.runs], Path(a.out), a.config, a.title,
-            figures=a.figures, note=a.note)
+            figures=a.figures)
     return 0
 
 
@@ -457,7 +457,6 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     p.add_argument("--title", required=True)
     p.add_argument("--figures", default="figures", help="folder of --results whose PNGs are copied "
                    "('.' for --results itself; default: figures)")
-    p.add_argument("--note", default="", help="a paragraph under the provenance line")
     p.add_argument("runs", nargs="+", help="the run directories of the report")
     return ap
 

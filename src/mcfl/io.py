@@ -207,14 +207,19 @@ def _scalar(v: Any) -> bool:
 OUTPUTS = ("history.csv", "assignments.csv", "predictions.csv", "metrics.json")
 
 
-def read_run(run_dir: str | os.PathLike, *, history: bool = False) -> dict[str, Any]:
-    """A finished run directory's ``metrics.json`` (with ``dir``), and its ``history.csv`` as a
-    DataFrame under ``history`` if asked: the one reader of run directories for every report."""
+def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: bool = False) -> dict[str, Any]:
+    """A finished run directory's ``metrics.json`` (with ``dir``), its ``history.csv`` as a
+    DataFrame under ``history`` if asked, and if asked and the run wrote ``predictions.csv``, per
+    test image its label ``y`` and whether the run got it right ``hit``: the one reader of run
+    directories for every report."""
     d = Path(run_dir)
     m = json.loads((d / "metrics.json").read_text())
     m["dir"] = d
-    if history:
+    if history or predictions:
         import pandas as pd
-
+    if history:
         m["history"] = pd.read_csv(d / "history.csv")
+    if predictions and (d / "predictions.csv").is_file():
+        p = pd.read_csv(d / "predictions.csv", usecols=["y", "pred"])
+        m["y"], m["hit"] = p["y"].to_numpy(), (p["y"] == p["pred"]).to_numpy()
     return m

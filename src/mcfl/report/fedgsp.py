@@ -91,14 +91,11 @@ def load_runs(run_dirs: list[Path], train: list[dict] | None = None) -> list[dic
         raise ValueError(f"{len(run_dirs)} run directories but {len(train)} train settings")
     out = []
     for d, t in zip(run_dirs, train):
-        m = read_run(d, history=True)
+        m = read_run(d, history=True, predictions=True)
         run = {"label": m["label"], "method": m.get("method", m["label"]), "dataset": m.get("dataset", ""),
                "seed": m["seed"], "params": m["params"], "train": t, "machine": machine(m), "dir": Path(d)}
-        rec = {"run": run, "final": m["final"], "hist": m["history"]}
-        if (Path(d) / "predictions.csv").is_file():
-            p = pd.read_csv(Path(d) / "predictions.csv", usecols=["y", "pred"])
-            rec["y"], rec["hit"] = p["y"].to_numpy(), (p["y"] == p["pred"]).to_numpy()
-        out.append(rec)
+        out.append({"run": run, "final": m["final"], "hist": m["history"],
+                    **{k: m[k] for k in ("y", "hit") if k in m}})
     return out
 
 

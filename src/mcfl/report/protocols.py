@@ -39,15 +39,7 @@ PAPER_EVAL = "v1"          # the named protocol that scores the paper-protocol r
 
 def load(run_dirs: list[str | Path]) -> list[dict]:
     """Each finished run's metrics.json with its per-test-image hits where predictions.csv exists."""
-    out = []
-    for d in run_dirs:
-        m = read_run(d)
-        p = Path(d) / "predictions.csv"
-        if p.is_file():
-            pred = pd.read_csv(p, usecols=["y", "pred"])
-            m["y"], m["hit"] = pred["y"].to_numpy(), (pred["y"] == pred["pred"]).to_numpy()
-        out.append(m)
-    return out
+    return [read_run(d, predictions=True) for d in run_dirs]
 
 
 def finished(results_dir: str | Path | None) -> list[Path]:

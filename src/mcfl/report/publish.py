@@ -44,17 +44,16 @@ def provenance(run_dirs: list[Path], config: str) -> str:
 
 
 def publish(results: Path, run_dirs: list[Path], out: Path, config: str, title: str, *,
-            figures: str = "figures", note: str = "") -> Path:
+            figures: str = "figures") -> Path:
     """Write ``out``.md (and copy the figures); returns the page written. ``figures``: the folder of
-    ``results`` whose PNGs are copied (``.`` for ``results`` itself); ``note``: a paragraph put
-    under the provenance line (e.g. why the table has fewer runs than the config)."""
+    ``results`` whose PNGs are copied (``.`` for ``results`` itself)."""
     results, out = Path(results), Path(out)
     figs = sorted((results / figures).glob("*.png"))
     fig_dir = out.parent.parent / "figures" / "dag" / out.name
     if figs:
         fig_dir.mkdir(parents=True, exist_ok=True)
-    lines = [f"# {title}", "", provenance(run_dirs, config), ""] + ([note.strip(), ""] if note.strip() else [])
-    lines += [(results / "table.md").read_text().strip(), ""]
+    lines = [f"# {title}", "", provenance(run_dirs, config), "",
+             (results / "table.md").read_text().strip(), ""]
     for f in figs:
         shutil.copyfile(f, fig_dir / f.name)
         rel = os.path.relpath(fig_dir / f.name, out.parent)
