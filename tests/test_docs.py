@@ -147,3 +147,23 @@ def test_archive_runs_keeps_the_small_outputs_of_finished_runs_only(tmp_path):
                                                       "predictions.csv"]
     assert (kept / "predictions.csv").read_text() == "seed0 predictions.csv"
     assert not (tmp_path / "kept" / "results-study" / "femnist_sample" / "FedAvg").exists()
+
+
+def test_restore_puts_archived_runs_back_without_overwriting_a_run_already_there(tmp_path):
+    """archive_runs.py --restore: archived runs go back to <results>/runs/<dataset>/<run>/seed<s>/;
+    a run directory already in the results directory (a newer or running one) is not touched."""
+    restore = _load("archive_runs").restore
+    kept = tmp_path / "kept" / "results-study"
+    for run in ("FedAvg", "FedAdam"):
+        d = kept / "femnist_sample" / run / "seed0"
+        d.mkdir(parents=True)
+        (d / "metrics.json").write_text(f'{{"run": "{run}"}}')
+        (d / "history.csv").write_text(f"{run} history")
+    res = tmp_path / "results-study"
+    here = res / "runs" / "femnist_sample" / "FedAdam" / "seed0"
+    here.mkdir(parents=True)
+    (here / "metrics.json").write_text("newer")
+    out = restore(kept, res)
+    assert out == [res / "runs" / "femnist_sample" / "FedAvg" / "seed0"]
+    assert (out[0] / "history.csv").read_text() == "FedAvg history"
+    assert (here / "metrics.json").read_text() == "newer" and not (here / "history.csv").exists()

@@ -8,6 +8,15 @@ finished runs would otherwise be lost with it. The archived runs are what the re
 so paired comparisons with archived runs need no retraining.
 
     python docs/tools/archive_runs.py results-femnist-sample [results-femnist-sample-h248 ...]
+
+On a new machine, ``--restore`` copies a study's archived runs back into its results directory
+(runs already there are left alone), so its reports can be remade by the DAG without retraining:
+restored runs have no state.pt, so let Snakemake use only the report rules, which then take the
+restored metrics.json files as given, e.g.
+
+    python docs/tools/archive_runs.py --restore results-femnist-sample-fedgsp
+    snakemake docs/results/femnist-sample-fedgsp.md --cores 1 --configfile config/femnist-sample-fedgsp.yaml \
+        --allowed-rules prepare fedgsp_cpd fedgsp_table fedgsp_publish
 """
 
 from __future__ import annotations
@@ -34,10 +43,33 @@ def archive(results: Path, dest: Path) -> list[Path]:
     return copied
 
 
+def restore(kept: Path, results: Path) -> list[Path]:
+    """Copy the archived runs under ``kept`` (``docs/results/runs/<results dir>``) back into
+    ``results/runs/``; a run directory that already exists there is skipped, never overwritten."""
+    restored = []
+    for metrics in sorted(kept.glob("*/*/seed*/metrics.json")):
+        out = results / "runs" / metrics.parent.relative_to(kept)
+        if out.exists():
+            continue
+        shutil.copytree(metrics.parent, out)
+        restored.append(out)
+    return restored
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
+    if not argv or argv == ["--restore"]:
         print(__doc__)
         return 2
+    if argv[0] == "--restore":
+        for d in argv[1:]:
+            results = Path(d)
+            kept = ROOT / "docs" / "results" / "runs" / results.name
+            if not kept.is_dir():
+                print(f"{kept}: no archived runs for {results.name}", file=sys.stderr)
+                return 1
+            for out in restore(kept, results):
+                print(out)
+        return 0
     for d in argv:
         results = Path(d)
         if not (results / "runs").is_dir():
