@@ -151,7 +151,8 @@ def test_archive_runs_keeps_the_small_outputs_of_finished_runs_only(tmp_path):
 
 def test_restore_puts_archived_runs_back_without_overwriting_a_run_already_there(tmp_path):
     """archive_runs.py --restore: archived runs go back to <results>/runs/<dataset>/<run>/seed<s>/;
-    a run directory already in the results directory (a newer or running one) is not touched."""
+    a run directory already in the results directory (a newer or running one) is not touched; a run
+    half-copied by an interrupted restore is replaced, and none is left behind."""
     restore = _load("archive_runs").restore
     kept = tmp_path / "kept" / "results-study"
     for run in ("FedAvg", "FedAdam"):
@@ -163,7 +164,11 @@ def test_restore_puts_archived_runs_back_without_overwriting_a_run_already_there
     here = res / "runs" / "femnist_sample" / "FedAdam" / "seed0"
     here.mkdir(parents=True)
     (here / "metrics.json").write_text("newer")
+    stale = res / "runs" / "femnist_sample" / "FedAvg" / "seed0.restoring"     # an interrupted restore
+    stale.mkdir(parents=True)
+    (stale / "history.csv").write_text("half")
     out = restore(kept, res)
     assert out == [res / "runs" / "femnist_sample" / "FedAvg" / "seed0"]
     assert (out[0] / "history.csv").read_text() == "FedAvg history"
     assert (here / "metrics.json").read_text() == "newer" and not (here / "history.csv").exists()
+    assert [p.name for p in out[0].parent.iterdir()] == ["seed0"]        # no .restoring left behind

@@ -45,13 +45,18 @@ def archive(results: Path, dest: Path) -> list[Path]:
 
 def restore(kept: Path, results: Path) -> list[Path]:
     """Copy the archived runs under ``kept`` (``docs/results/runs/<results dir>``) back into
-    ``results/runs/``; a run directory that already exists there is skipped, never overwritten."""
+    ``results/runs/``; a run directory that already exists there is skipped, never overwritten.
+    Each run is copied beside its place and renamed into it, so an interrupted restore leaves no
+    half-copied run that a later restore would skip."""
     restored = []
     for metrics in sorted(kept.glob("*/*/seed*/metrics.json")):
         out = results / "runs" / metrics.parent.relative_to(kept)
         if out.exists():
             continue
-        shutil.copytree(metrics.parent, out)
+        tmp = out.with_name(out.name + ".restoring")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(metrics.parent, tmp)
+        tmp.rename(out)
         restored.append(out)
     return restored
 
