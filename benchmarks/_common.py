@@ -73,3 +73,17 @@ def median(xs) -> float:
 def peak_rss_mb() -> float:
     """This process's peak resident set size so far (Linux: ru_maxrss is in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def config_runs(config: Path, store: Path):
+    """The runs of ``config``'s first seed by run id, and the prepared store they train on (made
+    from the config's ``prepare`` block of their dataset if ``store`` does not exist yet)."""
+    from mcfl.config import expand_runs, load_config
+    from mcfl.data import load, prepare
+
+    cfg = load_config(config)
+    runs = {r["run_id"]: r for r in expand_runs(cfg) if r["seed"] == cfg["seeds"][0]}
+    if not store.exists():
+        prep = dict(cfg["datasets"][next(iter(runs.values()))["dataset"]]["prepare"])
+        prepare(prep.pop("source"), store, **prep)
+    return runs, load(store)

@@ -22,13 +22,11 @@ from pathlib import Path
 
 import torch
 
-from _common import ROOT, machine
+from _common import ROOT, config_runs, machine
 
 
 def main(argv=None) -> int:
     from mcfl import algorithms
-    from mcfl.config import expand_runs, load_config
-    from mcfl.data import load, prepare
     from mcfl.federation import build_federation
     from mcfl.trainspec import TrainSpec
 
@@ -42,12 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    cfg = load_config(a.config)
-    runs = {r["run_id"]: r for r in expand_runs(cfg) if r["seed"] == cfg["seeds"][0]}
-    if not a.store.exists():
-        prep = dict(cfg["datasets"][next(iter(runs.values()))["dataset"]]["prepare"])
-        prepare(prep.pop("source"), a.store, **prep)
-    data = load(a.store)
+    runs, data = config_runs(a.config, a.store)
     print(f"# seconds per round, {a.config.name}, store {a.store.name}; median of {a.repeats}, executors interleaved")
     print(f"# {machine(torch.device('cpu'))}")
     print("| method | round | groups trained x longest chain | sequential s | batched s | seq / batched | max abs diff |")

@@ -18,15 +18,13 @@ from pathlib import Path
 
 import torch
 
-from _common import ROOT, machine
+from _common import ROOT, config_runs, machine
 
 
 def main(argv=None) -> int:
     from scipy.stats import spearmanr
 
     from mcfl.algorithms.ida import ida_weights
-    from mcfl.config import expand_runs, load_config
-    from mcfl.data import load, prepare
     from mcfl.engine import Task
     from mcfl.federation import build_federation
     from mcfl.trainspec import TrainSpec
@@ -40,13 +38,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    cfg = load_config(a.config)
-    run = next(r for r in expand_runs(cfg) if r["run_id"] == a.run and r["seed"] == cfg["seeds"][0])
-    if not a.store.exists():
-        prep = dict(cfg["datasets"][run["dataset"]]["prepare"])
-        prepare(prep.pop("source"), a.store, **prep)
-    fed = build_federation(load(a.store), run["model"], TrainSpec.of(run["train"]), run["seed"],
-                           torch.device("cpu"))
+    runs, data = config_runs(a.config, a.store)
+    run = runs[a.run]
+    fed = build_federation(data, run["model"], TrainSpec.of(run["train"]), run["seed"], torch.device("cpu"))
     print(f"# IDA weights against training-set sizes, {a.config.name}, run {a.run}, seed {run['seed']}")
     print(f"# {machine(torch.device('cpu'))}")
     print("| round | clients | sizes | Spearman(size, IDA weight) | p | largest quarter: IDA share "
