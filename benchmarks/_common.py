@@ -87,3 +87,11 @@ def config_runs(config: Path, store: Path):
         prep = dict(cfg["datasets"][next(iter(runs.values()))["dataset"]]["prepare"])
         prepare(prep.pop("source"), store, **prep)
     return runs, load(store)
+
+
+def add_config_args(ap, config: str = "femnist-sample-fedgsp.yaml", store: str = "femnist_sample") -> None:
+    """--config, --store and --threads, for the scripts that time or probe a config's runs."""
+    ap.add_argument("--config", type=Path, default=ROOT / "config" / config)
+    ap.add_argument("--store", type=Path, default=ROOT / "data" / store,
+                    help="the prepared store (made from the config's prepare block if absent)")
+    ap.add_argument("--threads", type=int, default=1)

@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from _common import ROOT, config_runs, machine
+from _common import add_config_args, config_runs, machine
 
 
 def main(argv=None) -> int:
@@ -31,13 +30,10 @@ def main(argv=None) -> int:
     from mcfl.trainspec import TrainSpec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=ROOT / "config" / "femnist-sample-fedgsp.yaml")
-    ap.add_argument("--store", type=Path, default=ROOT / "data" / "femnist_sample",
-                    help="the prepared store (made from the config's prepare block if absent)")
+    add_config_args(ap)
     ap.add_argument("--methods", default="FedGSP,NaiveGSP", help="comma-separated run ids")
     ap.add_argument("--rounds", default="1,10,100,500", help="round numbers to time")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     runs, data = config_runs(a.config, a.store)

@@ -14,11 +14,10 @@ moves by a FedAvg step, so later rounds start from a partly trained model.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-from _common import ROOT, config_runs, machine
+from _common import add_config_args, config_runs, machine
 
 
 def main(argv=None) -> int:
@@ -30,12 +29,9 @@ def main(argv=None) -> int:
     from mcfl.trainspec import TrainSpec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=ROOT / "config" / "femnist-sample-fedgsp.yaml")
-    ap.add_argument("--store", type=Path, default=ROOT / "data" / "femnist_sample",
-                    help="the prepared store (made from the config's prepare block if absent)")
+    add_config_args(ap)
     ap.add_argument("--run", default="IDA", help="run id in the config whose settings are used")
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     runs, data = config_runs(a.config, a.store)
