@@ -4,7 +4,7 @@ lam · MMD², step by step, for one client training from a given global model.
 
 FedMMD's kernel widths follow the minibatch's own spread (mcfl.algorithms.fedmmd): the penalty
 measures how far the local features moved relative to how far apart the batch's samples are. The
-script prints, for each local SGD step, the two gradient norms, MMD², the mean squared drift of the
+script prints the start model's feature statistics, then, for each local SGD step, the two gradient norms, MMD², the mean squared drift of the
 features from the global model's features of the same samples, and the mean squared distance
 between samples (the scale the widths follow). It trains with the algorithm's own local loss.
 
@@ -64,6 +64,13 @@ def main(argv=None) -> int:
     print(f"# FedMMD's penalty during local training, {a.config.name}, run {a.run} (lam {lam}, lr {lr}, "
           f"batch {bs}); start: {label}")
     print(f"# {machine(torch.device('cpu'))}")
+    pool = torch.cat([dev.client_rows(int(c)) for c in fed.clients(a.round)])
+    with torch.no_grad():          # the start model's features of up to 200 of the round's images
+        h = functional_call(algo.features, frozen, (dev.inputs(pool[torch.randperm(len(pool), generator=g)[:200]]),))
+    n = len(h)
+    print(f"# start model's features ({n} images): squared norm {float(h.square().sum(1).mean()):.3g}, "
+          f"between-sample distance² {float(torch.cdist(h, h).square().sum() / (n * n - n)):.3g}, "
+          f"active units {float((h > 0).float().mean()):.3f}")
     print("| client | step | grad CE | grad lam·MMD² | MMD² | feature drift² | between-sample distance² |")
     print("|---|---|---|---|---|---|---|", flush=True)
     for client in fed.clients(a.round)[:a.clients]:
