@@ -95,3 +95,10 @@ def add_config_args(ap, config: str = "femnist-sample-fedgsp.yaml", store: str =
     ap.add_argument("--store", type=Path, default=ROOT / "data" / store,
                     help="the prepared store (made from the config's prepare block if absent)")
     ap.add_argument("--threads", type=int, default=1)
+
+
+def pick_run(runs: dict, run_id: str, config: Path) -> dict:
+    """``runs[run_id]``, or an exit naming the config and the run ids it has."""
+    if run_id not in runs:
+        raise SystemExit(f"{config}: no run {run_id!r}; there are: {', '.join(sorted(runs))}")
+    return runs[run_id]

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from _common import add_config_args, config_runs, machine
+from _common import add_config_args, config_runs, machine, pick_run
 
 
 def main(argv=None) -> int:
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     print("| method | round | groups trained x longest chain | sequential s | batched s | seq / batched | max abs diff |")
     print("|---|---|---|---|---|---|---|", flush=True)
     for run_id in a.methods.split(","):
-        run = runs[run_id]
+        run = pick_run(runs, run_id, a.config)
         algos = {}
         for ex in ("sequential", "batched"):
             fed = build_federation(data, run["model"], TrainSpec.of({**run["train"], "executor": ex}),

@@ -4,9 +4,11 @@ lam · MMD², step by step, for one client training from a given global model.
 
 FedMMD's kernel widths follow the minibatch's own spread (mcfl.algorithms.fedmmd): the penalty
 measures how far the local features moved relative to how far apart the batch's samples are. The
-script prints the start model's feature statistics, then, for each local SGD step, the two gradient norms, MMD², the mean squared drift of the
-features from the global model's features of the same samples, and the mean squared distance
-between samples (the scale the widths follow). It trains with the algorithm's own local loss.
+script prints the start model's feature statistics, then, for each local SGD step, the two gradient
+norms, MMD², the mean squared drift of the features from the global model's features of the same
+samples, and the mean squared distance between samples (the scale the widths follow). It steps with
+the algorithm's own local loss and the engine's SGD step; the engine's trainers do not expose the
+two terms' gradients separately, hence the loop here.
 
     python benchmarks/fedmmd_penalty.py                       # from the initial model
     python benchmarks/fedmmd_penalty.py --checkpoint results-femnist-sample-fedgsp/checkpoints/femnist_sample/FedMMD/seed0.pt
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from _common import add_config_args, config_runs, machine
+from _common import add_config_args, config_runs, machine, pick_run
 
 
 def main(argv=None) -> int:
@@ -27,6 +29,7 @@ def main(argv=None) -> int:
     from torch.func import functional_call
 
     from mcfl import algorithms
+    from mcfl.engine import sgd_step_
     from mcfl.federation import build_federation
     from mcfl.trainspec import TrainSpec
 
@@ -42,14 +45,21 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     runs, data = config_runs(a.config, a.store)
-    run = runs[a.run]
+    run = pick_run(runs, a.run, a.config)
     fed = build_federation(data, run["model"], TrainSpec.of(run["train"]), run["seed"], torch.device("cpu"))
     cls = algorithms.get(run["method"])
     algo = cls(fed, cls.Params(**run["params"]))
     start, label = fed.w0.clone(), "the initial model"
     if a.checkpoint:
-        ck = torch.load(a.checkpoint, weights_only=True)
-        start, label = ck["state"]["w"], f"{a.checkpoint.name}, round {ck['round']}"
+        try:
+            ck = torch.load(a.checkpoint, weights_only=True)
+        except Exception as e:
+            raise SystemExit(f"{a.checkpoint}: not a readable torch checkpoint ({type(e).__name__})") from None
+        w = (ck.get("state") or {}).get("w") if isinstance(ck, dict) else None
+        if not isinstance(w, torch.Tensor) or w.shape != start.shape:
+            raise SystemExit(f"{a.checkpoint}: not a training checkpoint of a one-model method with "
+                             f"{start.numel()} weights (state.w missing or of another shape)")
+        start, label = w, f"{a.checkpoint.name}, round {ck.get('round')}"
     lam, lr, bs = algo.p.lam, float(run["train"]["lr"]), int(run["train"]["batch_size"])
     loss_fn = algo.local_loss(start)
     frozen = {n: fed.model.param_views(start)[i] for i, n in algo.index}
@@ -66,7 +76,8 @@ def main(argv=None) -> int:
     print(f"# {machine(torch.device('cpu'))}")
     pool = torch.cat([dev.client_rows(int(c)) for c in fed.clients(a.round)])
     with torch.no_grad():          # the start model's features of up to 200 of the round's images
-        h = functional_call(algo.features, frozen, (dev.inputs(pool[torch.randperm(len(pool), generator=g)[:200]]),))
+        pick = torch.randperm(len(pool), generator=torch.Generator().manual_seed(a.seed + 1))[:200]
+        h = functional_call(algo.features, frozen, (dev.inputs(pool[pick]),))
     n = len(h)
     print(f"# start model's features ({n} images): squared norm {float(h.square().sum(1).mean()):.3g}, "
           f"between-sample distance² {float(torch.cdist(h, h).square().sum() / (n * n - n)):.3g}, "
@@ -89,10 +100,7 @@ def main(argv=None) -> int:
             penalty = full - ce
             print(f"| {int(client)} | {step} | {norm(ce):.3g} | {norm(penalty):.3g} | {float(penalty.detach()) / lam:.2e} "
                   f"| {float((h - hg).square().sum(1).mean()):.2e} | {spread:.3g} |", flush=True)
-            gs = torch.autograd.grad(full, params)
-            with torch.no_grad():
-                for p, d in zip(params, gs):
-                    p.sub_(lr * d)
+            sgd_step_(params, list(torch.autograd.grad(full, params)), lr)    # the engine's own step
     return 0
 
 

@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from _common import add_config_args, config_runs, machine
+from _common import add_config_args, config_runs, machine, pick_run
 
 
 def main(argv=None) -> int:
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     runs, data = config_runs(a.config, a.store)
-    run = runs[a.run]
+    run = pick_run(runs, a.run, a.config)
     fed = build_federation(data, run["model"], TrainSpec.of(run["train"]), run["seed"], torch.device("cpu"))
     print(f"# IDA weights against training-set sizes, {a.config.name}, run {a.run}, seed {run['seed']}")
     print(f"# {machine(torch.device('cpu'))}")
