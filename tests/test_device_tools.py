@@ -78,3 +78,26 @@ def test_unknown_first_job_is_named(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "docs/tools/device/jobs.py"), str(dry), "--out", str(tmp_path / "j"),
                         "--first", "nope"], capture_output=True, text=True)
     assert r.returncode != 0 and "no such job nope" in r.stderr
+
+
+def test_archived_runs_get_no_job_and_name_order_is_priority_order_past_100(tmp_path):
+    """A run kept by archive_runs.py (finished elsewhere) is not trained again, and with more than
+    100 jobs the zero-padded numbers keep the queue's name order equal to the priority order."""
+    lines = [f"Shell command: mcfl train --run '{{\"run_id\":\"R{i}\",\"seed\":0}}' --device auto "
+             f"--out \"$(dirname res/runs/d/R{i}/seed0/metrics.json)\" > logs/R{i}.log 2>&1" for i in range(103)]
+    dry = tmp_path / "dry.txt"
+    dry.write_text("\n".join(lines) + "\n")
+    kept = tmp_path / "kept" / "res" / "d" / "R5" / "seed0"
+    kept.mkdir(parents=True)
+    (kept / "metrics.json").write_text("{}")
+    (tmp_path / "kept" / "res" / "d" / "R6" / "seed0").mkdir(parents=True)   # no metrics.json: not finished
+    out = tmp_path / "jobs"
+    r = subprocess.run([sys.executable, str(ROOT / "docs/tools/device/jobs.py"), str(dry), "--out", str(out),
+                        "--archived", str(tmp_path / "kept"), "--first", "res-R102-s0"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in out.glob("*.sh"))            # queue.sh's order
+    expect = ["res-R102-s0"] + [f"res-R{i}-s0" for i in range(102) if i != 5]
+    assert [n.split("-", 1)[1][:-3] for n in names] == expect
+    assert names[0] == "000-res-R102-s0.sh" and names[-1] == "101-res-R101-s0.sh"
+    assert "--device cuda" in (out / names[0]).read_text()

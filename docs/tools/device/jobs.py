@@ -12,8 +12,13 @@ A job whose centres exist here already (no init command in the dry runs) needs t
 adds it (``plan.sh`` does both).
 
 Scripts are named ``NN-<results dir>-<run id>-s<seed>.sh``, in the order the dry runs list them
-(names given with ``--first``, e.g. ``results-femnist-sample-fedcg-FedCG-K4-s0``, go first);
+(names given with ``--first``, e.g. ``results-femnist-sample-fedcg-FedCG-K4-s0``, go first; NN has
+as many digits as the last number needs, so name order stays priority order past 100 jobs);
 ``queue.sh`` beside this file runs them.
+
+A run finished on another machine and kept in git by ``docs/tools/archive_runs.py`` (its
+``metrics.json`` under ``--archived``, default ``docs/results/runs``) gets no job: the results
+directory here lacks it, so the dry run lists it, but training it again would only repeat it.
 """
 from __future__ import annotations
 
@@ -47,6 +52,17 @@ def script(cmd: str, device: str = "cuda") -> str:
     return f"mkdir -p {' '.join(_dirs(cmd))}\n{cmd}\n"
 
 
+def run_dir(cmd: str) -> Path:
+    """The run's output folder, ``<results>/runs/<dataset>/<run>/seed<s>``."""
+    return Path(shlex.split(re.search(r'--out "\$\(dirname ([^)]*)\)"', cmd).group(1))[0]).parent
+
+
+def archived(cmd: str, kept: Path) -> bool:
+    """Whether ``archive_runs.py`` kept this run's finished outputs under ``kept``."""
+    results, runs, *rest = run_dir(cmd).parts
+    return runs == "runs" and (kept / results / Path(*rest) / "metrics.json").is_file()
+
+
 def name(cmd: str) -> str:
     run = re.search(r'"run_id":"([^"]+)"', cmd).group(1)
     seed = re.search(r'"seed":(\d+)', cmd).group(1)
@@ -70,7 +86,7 @@ def centres_needed(dry_runs: list[Path]) -> list[str]:
     return _missing([c for p in dry_runs for c in commands(p)])
 
 
-def jobs(dry_runs: list[Path], device: str = "cuda") -> dict[str, str]:
+def jobs(dry_runs: list[Path], device: str = "cuda", kept: Path | None = None) -> dict[str, str]:
     cmds = [c for p in dry_runs for c in commands(p)]
     inits = _inits(cmds)
     missing = _missing(cmds)
@@ -80,7 +96,7 @@ def jobs(dry_runs: list[Path], device: str = "cuda") -> dict[str, str]:
                          " (plan.sh does; --centres-needed lists them)")
     out: dict[str, str] = {}
     for c in cmds:
-        if not c.startswith("mcfl train"):
+        if not c.startswith("mcfl train") or (kept is not None and archived(c, kept)):
             continue
         body = "set -e\n"
         m = re.search(r"--centres (\S+)", c)
@@ -98,13 +114,15 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--first", nargs="*", default=[])
     ap.add_argument("--device", default="cuda", help="what `--device auto` becomes (default cuda)")
+    ap.add_argument("--archived", type=Path, default=Path("docs/results/runs"),
+                    help="archived finished runs, which get no job (default docs/results/runs)")
     ap.add_argument("--centres-needed", action="store_true",
                     help="only print the initial-centre files the jobs read that no dry run makes")
     a = ap.parse_args()
     if a.centres_needed:
         print(" ".join(centres_needed(a.dry_runs)))
         return 0
-    js = jobs(a.dry_runs, a.device)
+    js = jobs(a.dry_runs, a.device, a.archived)
     unknown = [n for n in a.first if n not in js]
     if unknown:
         raise SystemExit(f"--first: no such job {', '.join(unknown)} (jobs: {', '.join(js)})")
@@ -112,8 +130,9 @@ def main() -> int:
     for old in a.out.glob("*.sh"):
         old.unlink()
     order = a.first + [n for n in js if n not in a.first]
+    width = max(2, len(str(len(order) - 1)))
     for i, n in enumerate(order):
-        (a.out / f"{i:02d}-{n}.sh").write_text(js[n])
+        (a.out / f"{i:0{width}d}-{n}.sh").write_text(js[n])
     print(f"{len(order)} jobs in {a.out}")
     return 0
 

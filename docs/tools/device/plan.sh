@@ -4,11 +4,12 @@
 #
 #   bash docs/tools/device/plan.sh            # then: bash docs/tools/device/wheels.sh, and the run
 #
-# Priority (a 9-minute call finishes about 13 runs of these sizes at 13 at a time): first one FedGSP
-# run of the real-writer Table-1 config, to time it (never run on a GPU yet: 500 rounds, evaluated
-# every round); then the FedCG ablations' seeds 1-2 and FedProx's seed 0; then the standard
-# protocol's missing runs (issue 29's main table); then the paper protocol's seeds 1-2. The queue
-# runs them in name order and stops at its deadline, so whatever does not fit waits for the next call.
+# Priority (a 9-minute call runs 13 jobs at a time; what the deadline stops comes back as checkpoints
+# that resume anywhere): first the real-writer Table-1 rows that are slow on a CPU (FedFusion,
+# NaiveGSP, NaiveGSP+ICG and FedMMD with its chosen lam 0.01, then FedGSP's other seeds), seed 0 before
+# seeds 1 and 2; then that config's other missing runs; then the FedCG, standard and paper protocols'
+# missing runs. The queue runs them in name order and stops at its deadline, so whatever does not fit
+# waits for the next call.
 set -eu
 cd "$(dirname "$0")/../../.."
 PATH="$PWD/.venv/bin:$PATH"          # snakemake and python of `make setup`
@@ -22,10 +23,16 @@ dry() {   # dry.txt of a config's missing runs (optionally only TARGETS)
   local need; need=$(python docs/tools/device/jobs.py "$out" --out .devrun/jobs --centres-needed)
   [ -z "$need" ] || snakemake $need -f -n -p --cores 1 --rerun-triggers mtime --configfile "$cfg" >> "$out" 2>&1
 }
-dry config/femnist-sample-fedgsp.yaml .devrun/dry-1-fedgsp.txt \
-  results-femnist-sample-fedgsp/runs/femnist_sample/FedGSP/seed0/metrics.json
+dry config/femnist-sample-fedgsp.yaml .devrun/dry-1-fedgsp.txt
 dry config/femnist-sample-fedcg.yaml .devrun/dry-2-fedcg.txt
 dry config/femnist-sample.yaml .devrun/dry-3-standard.txt
 dry config/femnist-sample-paper.yaml .devrun/dry-4-paper.txt
-python docs/tools/device/jobs.py .devrun/dry-[1-4]-*.txt --out .devrun/jobs
+first=()
+for s in 0 1 2; do
+  for r in FedFusion NaiveGSP NaiveGSP+ICG FedMMD FedGSP; do
+    [ -f "results-femnist-sample-fedgsp/runs/femnist_sample/$r/seed$s/metrics.json" ] \
+      || first+=("results-femnist-sample-fedgsp-$r-s$s")
+  done
+done
+python docs/tools/device/jobs.py .devrun/dry-[1-4]-*.txt --out .devrun/jobs ${first[@]+--first "${first[@]}"}
 ls .devrun/jobs | head -20

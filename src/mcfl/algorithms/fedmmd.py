@@ -21,7 +21,9 @@ The server averages the local models as FedAvg.
   around ``b`` = the mean squared distance between the minibatch's 2B feature vectors (detached):
   the widths follow the features' scale as training changes it, so no width needs tuning. Biased
   (V-statistic) estimate over the minibatch; it is 0 for identical feature sets.
-* ``lam`` = 0 is FedAvg. The paper's weight is not given in FedGSP; 0.1 by default.
+* ``lam`` = 0 is FedAvg. The paper's weight is not given in FedGSP; 0.1 by default. On the real
+  FEMNIST writers 0.1 collapsed the model to one class; config/femnist-sample-fedgsp.yaml uses 0.01,
+  chosen on the training loss (benchmarks/fedmmd_select.py, docs/methods/fedgsp.md).
 
 The penalty is a custom local loss (``Task.loss``), one per round shared by the round's clients and
 marked batchable: under ``executor: batched`` the clients train stacked where that path is the
