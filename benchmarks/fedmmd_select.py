@@ -51,6 +51,11 @@ def main(argv=None) -> int:
     runs, data = config_runs(a.config, a.store)
     run = pick_run(runs, a.run, a.config)
     cls = algorithms.get(run["method"])
+    if cls.name != "FedMMD":
+        raise SystemExit(f"--run {a.run}: a {cls.name} run; this script chooses FedMMD's weight")
+    bad = [lam for lam in lams if not lam >= 0]
+    if bad:
+        raise SystemExit(f"--lams: weights must be >= 0, got {', '.join(map(str, bad))}")
     marks = sorted({r for r in range(a.every, a.rounds + 1, a.every)} | {a.rounds})
     print(f"# FedMMD's weight chosen on the global training loss, {a.config.name}, run {a.run}, "
           f"seed {run['seed']}, {a.rounds} rounds (test split not read)")

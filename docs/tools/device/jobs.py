@@ -27,18 +27,23 @@ import re
 import shlex
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[3]
+
 
 def commands(path: Path) -> list[str]:
     pre = "Shell command: "
     return [line[len(pre):] for line in path.read_text().splitlines() if line.startswith(pre)]
 
 
+def run_dir(cmd: str) -> Path | None:
+    """A train command's output folder, ``<results>/runs/<dataset>/<run>/seed<s>`` (None if it has none)."""
+    m = re.search(r'--out "\$\(dirname ([^)]*)\)"', cmd)
+    return Path(shlex.split(m.group(1))[0]).parent if m else None
+
+
 def _dirs(cmd: str) -> list[str]:
     """The folders a command writes into (Snakemake makes them; here the script must)."""
-    dirs = set()
-    m = re.search(r'--out "\$\(dirname ([^)]*)\)"', cmd)
-    if m:
-        dirs.add(str(Path(shlex.split(m.group(1))[0]).parent))
+    dirs = {str(d)} if (d := run_dir(cmd)) else set()
     for m in re.finditer(r"(?:--checkpoint|--out) ([^\s\"]\S*)", cmd):
         dirs.add(str(Path(shlex.split(m.group(1))[0]).parent))
     m = re.search(r"> (\S+) 2>&1", cmd)
@@ -52,15 +57,13 @@ def script(cmd: str, device: str = "cuda") -> str:
     return f"mkdir -p {' '.join(_dirs(cmd))}\n{cmd}\n"
 
 
-def run_dir(cmd: str) -> Path:
-    """The run's output folder, ``<results>/runs/<dataset>/<run>/seed<s>``."""
-    return Path(shlex.split(re.search(r'--out "\$\(dirname ([^)]*)\)"', cmd).group(1))[0]).parent
-
-
 def archived(cmd: str, kept: Path) -> bool:
     """Whether ``archive_runs.py`` kept this run's finished outputs under ``kept``."""
-    results, runs, *rest = run_dir(cmd).parts
-    return runs == "runs" and (kept / results / Path(*rest) / "metrics.json").is_file()
+    d = run_dir(cmd)
+    if d is None or len(d.parts) < 3 or d.parts[1] != "runs":
+        return False
+    results, _, *rest = d.parts
+    return (kept / results / Path(*rest) / "metrics.json").is_file()
 
 
 def name(cmd: str) -> str:
@@ -114,7 +117,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--first", nargs="*", default=[])
     ap.add_argument("--device", default="cuda", help="what `--device auto` becomes (default cuda)")
-    ap.add_argument("--archived", type=Path, default=Path("docs/results/runs"),
+    ap.add_argument("--archived", type=Path, default=ROOT / "docs" / "results" / "runs",
                     help="archived finished runs, which get no job (default docs/results/runs)")
     ap.add_argument("--centres-needed", action="store_true",
                     help="only print the initial-centre files the jobs read that no dry run makes")
