@@ -3,7 +3,7 @@ Table 1 (config/paper-fedgsp-femnist.yaml) on real FEMNIST writers, under the se
 batched executor, and each method's ratio to FedAvg's.
 
 Every method gets the same training settings and hence the same clients each round (the LEAF CNN,
-``--clients`` a round, 1 local epoch, batch 10, lr 0.05; the configs' per-method ``train``
+``--clients`` a round, 1 local epoch, ``--batch`` 10, lr 0.05; the configs' per-method ``train``
 overrides, FeSEM's ``local_steps: 1`` and the GSP methods' ``clients_per_round: null``, are
 dropped), so the rows compare what each method's round costs. Each method runs side by side with FedAvg, both
 under both executors, their rounds interleaved (round r of the four runs, then round r + 1), so that
@@ -113,6 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--clients", type=int, default=10, help="clients per round")
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--batch", type=int, default=10, help="minibatch size (FedGSP's Table 1: 5)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default='{"name": "femnist_cnn"}', help="the model, as JSON")
@@ -131,12 +132,12 @@ def main(argv=None) -> int:
 
     model = json.loads(args.model)
     train = {"rounds": args.warmup + args.rounds, "clients_per_round": args.clients, "lr": args.lr,
-             "batch_size": 10, "local_epochs": 1}
+             "batch_size": args.batch, "local_epochs": 1}
     with tempfile.TemporaryDirectory() as tmp:
         store = args.store or leaf_store(args.leaf, Path(tmp) / "store")
         data = load(store)
         print(f"# seconds per round, {data.n_clients} clients ({store.name}), model {args.model}, "
-              f"{args.clients} clients a round, 1 epoch, batch 10, lr {args.lr}; median of {args.rounds} "
+              f"{args.clients} clients a round, 1 epoch, batch {args.batch}, lr {args.lr}; median of {args.rounds} "
               f"rounds after {args.warmup} warm-up, executors interleaved; batched fallback "
               f"{args.fallback or 'the device default'}\n# {machine(torch.device(args.device))}")
         print(f"| {'method':<14} | {'sequential s':>12} | {'batched s':>9} | {'seq / batched':>13} | "

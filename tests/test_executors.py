@@ -292,10 +292,11 @@ def test_fesem_run_with_batched_executor_matches_sequential(digits_store):
 #: results are bitwise equal. (The GSP methods' chained groups go through ``run``, one call per
 #: position in the chains.)
 SEQUENTIAL_UPDATES = {"FedSGD"}
-#: batchable custom losses (FedCG's; FedFusion's frozen extractor; FedMMD's penalty): no low-rank
-#: path, always stacked (FedCG with small domain classifiers and GCN projection, so that the CPU
-#: fallback is the stacked path)
-STACKED_ONLY = {"FedCG", "FedFusion", "FedMMD"}
+#: a batchable custom loss without a layerwise form (FedCG's): no low-rank path, always stacked
+#: (FedCG with small domain classifiers and GCN projection, so that the CPU fallback is the stacked
+#: path). FedMMD's penalty has a layerwise form and FedFusion's frozen extractor needs no custom
+#: loss: both take the low-rank path like FedAvg.
+STACKED_ONLY = {"FedCG"}
 #: FedMMD's Gaussian kernels, exp(-d²/b) with the bandwidth b itself a mean of d², amplify the
 #: stacked path's float32 rounding (seen: 1.2e-6 after 8 steps; in float64 its masked estimate
 #: equals the plain one to 1e-16, test_fedmmd)

@@ -74,3 +74,33 @@ def test_a_round_trains_the_local_half_and_passes_its_average_on(digits_store):
     new, diag = algo.round(state, np.array([0, 3, 5]), 1)
     assert torch.equal(new.w[g], new.w[loc]) and not torch.equal(new.w[loc], state.w[loc])
     assert np.isfinite(diag["train_loss"])
+
+
+@pytest.mark.parametrize("path", ["sequential", "lowrank", "stacked"])
+def test_the_global_extractor_takes_no_step_on_any_executor_path(digits_store, monkeypatch, path):
+    """FedFusion trains with the plain loss: its frozen global extractor keeps its exact weights on
+    the sequential executor and on both paths of the batched one (the low-rank path trains the
+    first dense layer lazily here: 2 steps of 5 rows <= 0.5 x 32)."""
+    from mcfl.executors import BatchedTrainer
+
+    calls = []
+    lowrank = BatchedTrainer._train_chunk_lowrank
+    monkeypatch.setattr(BatchedTrainer, "_train_chunk_lowrank",
+                        lambda self, *a: (calls.append(a[-1]), lowrank(self, *a))[1])
+    fed = build_federation(load(digits_store), {"name": "digits_cnn", "hidden": 32},
+                           {"lr": 0.1, "batch_size": 5, "local_steps": 2, "rounds": 1,
+                            "executor": "sequential" if path == "sequential" else "batched"}, seed=0)
+    algo = FedFusion(fed, Params("conv"))
+    if path == "stacked":
+        t = algo.fed.trainer
+        algo.fed.trainer = BatchedTrainer(t.model, t.data, t.spec, t.seed, lowrank=0, fallback="stacked")
+    state = algo.init()
+    g, loc = algo.glob_sl, algo.local_sl
+    results = [r for _, r in algo.fed.trainer.run([algo.local_task(c, state.w) for c in (0, 3, 5)], 1)]
+    assert len(results) == 3
+    for r in results:
+        assert torch.equal(r.weights[g], state.w[g])                # frozen
+        assert not torch.equal(r.weights[loc], state.w[loc])        # trained
+    assert bool(calls) == (path == "lowrank")
+    if calls:
+        assert calls[0] == [2]             # the head's first Linear (child 2 of the fusion net)

@@ -78,3 +78,29 @@ def test_local_update_is_sgd_on_cross_entropy_plus_mmd_to_the_frozen_global_mode
     assert torch.allclose(res.weights[:P], expected, atol=1e-6)
     assert not torch.allclose(res.weights[:P], plain.weights[:P], atol=1e-6)   # the term acts
     assert np.isfinite(res.loss)
+
+
+def test_layerwise_form_is_each_clients_loss(digits_store):
+    """The low-rank path's form of the loss (n clients stacked, from the layers' outputs) equals
+    the per-client loss, padded rows included (client 1's last two rows are padding)."""
+    fed = build_federation(load(digits_store), {"name": "digits_cnn", "hidden": 8},
+                           {"lr": 0.1, "batch_size": 5, "local_epochs": 1, "rounds": 1}, seed=0)
+    loss = FedMMD(fed, Params(lam=0.5)).local_loss(fed.w0)
+    g = torch.Generator().manual_seed(1)
+    ws = [fed.w0 + 0.1 * torch.randn(fed.w0.shape, generator=g) for _ in range(2)]   # not global
+    x = fed.dev.inputs(torch.arange(10)).view(2, 5, *fed.dev.x["train"].shape[1:])
+    y = fed.dev.y["train"][:10].view(2, 5)
+    mask = torch.tensor([[1.0] * 5, [1.0] * 3 + [0.0] * 2])
+    outs, want, ce = [[] for _ in fed.model.module], [], []
+    for c, real in enumerate((5, 3)):
+        fed.model.load(ws[c])
+        h = x[c]
+        for i, child in enumerate(fed.model.module):        # each child's outputs, client by client
+            h = child(h)
+            outs[i].append(h)
+        want.append(loss(fed.model.module, x[c, :real], y[c, :real], None))   # its real rows only
+        ce.append(F.cross_entropy(fed.model.module(x[c, :real]), y[c, :real]))
+    got = loss.layerwise(x, [torch.stack(o) for o in outs], y, mask)
+    assert got.shape == (2,)
+    assert torch.allclose(got, torch.stack(want), atol=1e-6)
+    assert float((want[0] - ce[0]).detach()) > 1e-4                         # the penalty is in it

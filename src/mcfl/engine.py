@@ -20,7 +20,14 @@ last one short), optionally with
   client's steps into ``LocalResult.aux``. A loss that sets ``batchable = True`` also takes
   ``mask=`` (a (B,) float, 1 on the real rows of a padded batch; its loss is then the mean over
   those rows and its ``aux`` counts them only) and is safe under ``torch.func.vmap``: the batched
-  executor then trains it stacked like the plain cross-entropy.
+  executor then trains it stacked like the plain cross-entropy. A batchable loss of an
+  ``nn.Sequential`` model may also set ``layerwise(x, outs, y, mask)``: the same loss for n
+  stacked clients, from their inputs ``x`` (n, B, ...) and the outputs ``outs[i]`` (n, B, ...) of
+  the model's children (``outs[-1]``: the logits), returning the n clients' losses (no ``aux``);
+  the batched executor then trains it on its low-rank path too (FedMMD's penalty).
+
+Parameters a model marks ``requires_grad=False`` (FedFusion's frozen global extractor) get a zero
+loss gradient on every executor (with no proximal or linear term, as FedFusion: no step).
 
 Randomness: every (round, client) pair draws its batch order from its own generator, seeded from
 ``SeedSequence([seed, round, client])``, so a client's update does not depend on which other clients
@@ -275,6 +282,8 @@ class LocalTrainer:
         anchor = m.param_views(task.anchor) if task.mu else None
         linear = m.param_views(task.linear) if task.linear is not None else None
         clip = None if spec.max_grad_norm is None else (lambda g: clip_(g, spec.max_grad_norm))
+        # a custom loss may leave parameters out of its graph; a model may freeze some (FedFusion's)
+        partial = task.loss is not None or not all(p.requires_grad for p in w)
         loss_sum = torch.zeros((), device=m.device)
         aux_sum = None
         steps = 0
@@ -284,7 +293,7 @@ class LocalTrainer:
             if isinstance(loss, tuple):                        # a custom loss with diagnostics
                 loss, aux = loss
                 aux_sum = aux.detach() if aux_sum is None else aux_sum + aux.detach()
-            g = self._local_grad(loss, w, custom=task.loss is not None)
+            g = self._local_grad(loss, w, custom=partial)
             sgd_step_(w, g, spec.lr, task.mu, anchor, linear, clip)
             loss_sum += loss.detach()
             steps += 1
@@ -298,8 +307,9 @@ class LocalTrainer:
 
     @staticmethod
     def _local_grad(loss: torch.Tensor, w: list[torch.Tensor], custom: bool) -> list[torch.Tensor]:
-        """d loss / d w. A custom loss (FedCG's) may leave parameters out of the graph or freeze
-        them (``requires_grad=False``): their gradient is zero, as a zeroed gradient buffer gives."""
+        """d loss / d w. A custom loss (FedCG's) may leave parameters out of the graph, and a model
+        may freeze some (``requires_grad=False``: FedFusion's global extractor): with ``custom``
+        their gradient is zero, as a zeroed gradient buffer gives, so they take no step."""
         if not custom:
             return list(torch.autograd.grad(loss, w))
         live = [p for p in w if p.requires_grad]

@@ -59,13 +59,15 @@ Custom losses (``Task.loss``): one marked ``batchable`` (FedCG's: classification
 and domain terms) takes ``mask=`` and is vmap-safe, so its tasks train on the fallback path above,
 stacked on a GPU and for small models (on digits_domains' FedCG, 0.7M parameters of which 0.68M
 are the GCN's projection: 1.5 s a round against 2.2-2.5 s sequential, one thread; what is left is
-memory traffic over the per-client projection gradients). FedMMD's (one loss shared by a round's
-clients) and FedFusion's are batchable too: on the digits CNN, one thread, 2.7x and 2.4x faster
-rounds than sequential (``benchmarks/methods_round.py --model '{"name": "digits_cnn"}'``); the
-LEAF CNN on a CPU trains them one at a time, the faster path there. Parameters the model marks
-``requires_grad=False`` (FedFusion's frozen extractor) get a zero gradient on both paths. A
-custom loss may return diagnostics with its loss; both paths sum them over each client's steps
-(``LocalResult.aux``).
+memory traffic over the per-client projection gradients). A batchable loss with a ``layerwise``
+form (FedMMD's: one loss shared by a round's clients, computed from the layers' outputs of the
+stacked clients) trains like the plain cross-entropy, on the low-rank path where it applies.
+Parameters the model marks ``requires_grad=False`` (FedFusion's frozen global extractor; its loss
+is the plain one) get a zero gradient on every path and are never stepped on the low-rank path.
+On the LEAF CNN (real writers, 16 a round, batch 5, one CPU thread) that made FedMMD's round 2.2x
+and FedFusion's 1.7x faster than one client at a time (``benchmarks/methods_round.py --batch 5``;
+docs/performance.md). A custom loss may return diagnostics with its loss; both stacked and
+sequential paths sum them over each client's steps (``LocalResult.aux``).
 """
 
 from __future__ import annotations
@@ -209,12 +211,13 @@ class BatchedTrainer(LocalTrainer):
         return "stacked" if forward_macs(self.model.module, sample) <= STACKED_CPU_MACS else "sequential"
 
     def _flat_linears(self, data: DeviceData) -> list[int]:
-        """The children that are ``nn.Linear`` with a bias and get one feature vector per sample
-        (found by passing one zero sample through the model)."""
+        """The children that are trainable ``nn.Linear`` layers with a bias and get one feature
+        vector per sample (found by passing one zero sample through the model)."""
         out, h = [], torch.zeros(1, *data.x["train"].shape[1:], device=data.device)
         with torch.no_grad():
             for i, child in enumerate(self._children):
-                if type(child) is nn.Linear and child.bias is not None and h.dim() == 2:
+                if (type(child) is nn.Linear and child.bias is not None and h.dim() == 2
+                        and child.weight.requires_grad and child.bias.requires_grad):
                     out.append(i)
                 h = child(h)
         return out
@@ -231,15 +234,15 @@ class BatchedTrainer(LocalTrainer):
         diagnostics. ``w`` (n, P) holds the clients' flat parameters; the clients' parameters are
         disjoint, so the gradient of the sum of their losses is each client's own gradient.
         ``loss_fn``: a batchable ``Task.loss``, called per client under vmap with its rows and mask."""
-        # a custom loss's frozen parameters (requires_grad=False in the model: FedFusion's global
-        # extractor) get a zero gradient, as on the sequential path
-        live = self._trainable if loss_fn is not None else [True] * len(self._names)
+        # frozen parameters (requires_grad=False in the model: FedFusion's global extractor) get a
+        # zero gradient, as on the sequential path
+        live = self._trainable
         leaves = [v.detach().requires_grad_(t) for v, t in zip(self._views(w), live)]
         params = dict(zip(self._names, leaves))
         aux = None
         if loss_fn is None:
             logits = self._forward(params, x)                                # (n, B, classes)
-            loss = self._loss(logits, y, mask)
+            loss = client_ce(logits, y, mask)
         else:
             self._wrap.fn = loss_fn
             loss = self._custom({f"net.{n}": t for n, t in params.items()}, x, y, rows, mask)
@@ -275,7 +278,8 @@ class BatchedTrainer(LocalTrainer):
         tasks = list(tasks)
         B = self.spec.batch_size
         steps = [n_steps(int(self.data.n_train[t.client]), self.spec) for t in tasks]
-        if any(t.loss is not None for t in tasks):      # a custom loss: no low-rank path
+        layerwise = all(t.loss is None or getattr(t.loss, "layerwise", None) for t in tasks)
+        if not layerwise:                   # a custom loss without a layerwise form: no low-rank path
             if all(getattr(t.loss, "batchable", False) for t in tasks) and not self._unsupported:
                 self._say(f"batched executor: a custom local loss trains on the {self.fallback} path, "
                           f"the faster one for this model on {self.model.device.type}")
@@ -338,11 +342,6 @@ class BatchedTrainer(LocalTrainer):
         mask = (rows >= 0).float()
         active = [int((steps > s).sum()) for s in range(len(rows))]
         return rows.clamp(min=0), mask, steps, active
-
-    def _loss(self, logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Each client's mean cross-entropy over the real rows of its padded batch."""
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(mask)
-        return (losses * mask).sum(1) / mask.sum(1).clamp(min=1)
 
     def _results(self, tasks: list[Task], rnd: int, weights: list[torch.Tensor], loss_sum: torch.Tensor,
                  steps: torch.Tensor, aux: torch.Tensor | None = None) -> list[LocalResult]:
@@ -467,13 +466,16 @@ class BatchedTrainer(LocalTrainer):
                 h.add_term([view(t.linear) if t.linear is not None else None for t in tasks],
                            [id(t.linear) for t in tasks], lambda s: -lr * e[s])
         decay = bool(mu.any())
+        loss_fn = getattr(tasks[0].loss, "layerwise", None)          # a custom loss (one per chunk)
+        live = [n for n, t in zip(self._names, self._trainable) if t and n in stacked]   # not frozen
         loss_sum = torch.zeros(C, device=dev)
         for s, n in enumerate(active):
             r = rows[s, :n]
             for h in hist.values():
                 h.step(s, B, rho if decay else None)
-            leaves = {k: v[:n].detach().requires_grad_() for k, v in stacked.items()}
-            x = self.data.inputs(r.reshape(-1)).view(n, B, *shape)
+            leaves = {k: v[:n].detach().requires_grad_(k in live) for k, v in stacked.items()}
+            x = x_in = self.data.inputs(r.reshape(-1)).view(n, B, *shape)
+            outs = []
             for i, child in enumerate(self._children):
                 if i in hist:
                     x = LowRankLinear.apply(x, leaves[f"{i}.bias"], hist[i], s)
@@ -481,11 +483,13 @@ class BatchedTrainer(LocalTrainer):
                     x = self._vmapped[i]({k: leaves[f"{i}.{k}"] for k in self._local[i]}, x)
                 else:
                     x = child(x.flatten(0, 1)).unflatten(0, (n, B))
-            loss = self._loss(x, self.data.y["train"][r], mask[s, :n])
-            grads = torch.autograd.grad(loss.sum(), list(leaves.values()))
-            sgd_step_([v[:n] for v in stacked.values()], list(grads), lr, [mus[k][:n] for k in stacked],
-                      [anchors[k][:n] for k in stacked] if anchors else None,
-                      [linears[k][:n] for k in stacked] if linears else None)
+                outs.append(x)
+            y = self.data.y["train"][r]
+            loss = client_ce(x, y, mask[s, :n]) if loss_fn is None else loss_fn(x_in, outs, y, mask[s, :n])
+            grads = torch.autograd.grad(loss.sum(), [leaves[k] for k in live])
+            sgd_step_([stacked[k][:n] for k in live], list(grads), lr, [mus[k][:n] for k in live],
+                      [anchors[k][:n] for k in live] if anchors else None,
+                      [linears[k][:n] for k in live] if linears else None)
             loss_sum[:n] += loss.detach()
         weights = []
         with torch.no_grad():
@@ -525,6 +529,13 @@ def _running_buffers(model: FlatModel, data: DeviceData) -> bool:
         with torch.no_grad():
             for n, b in module.named_buffers():
                 b.copy_(before[n])
+
+
+def client_ce(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each of n clients' mean cross-entropy over the real rows of its padded batch: ``logits``
+    (n, B, classes), ``y`` and ``mask`` (n, B)."""
+    losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(mask)
+    return (losses * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
 class _LossCall(nn.Module):

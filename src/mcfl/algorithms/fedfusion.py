@@ -13,9 +13,11 @@ trains; their feature maps are fused (``operator``: ``conv``, ``multi`` or ``sin
 
 The global model tested at an evaluation is that vector (both extractors equal). The extractor is
 the model's layers before its ``nn.Flatten`` (the LEAF CNNs' convolution blocks). Local training
-is a custom loss (the frozen half gets no step) marked batchable: the run's executor trains the
-fusion network, under ``executor: batched`` on the stacked path where that is the faster one (a
-GPU; small models on a CPU) and one client at a time otherwise.
+is plain cross-entropy: the global extractor's parameters are frozen (``requires_grad=False``),
+which every executor honours (no step). The fusion network is an ``nn.Sequential`` like the model
+it wraps, so under ``executor: batched`` it trains as FedAvg's model does: its dense head on the
+low-rank path (on the LEAF CNN, one CPU thread: see benchmarks/methods_round.py), the rest
+stacked.
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
 from mcfl.algorithms.base import param_span
 from mcfl.algorithms.fedavg import FedAvg
-from mcfl.engine import FlatModel, Task
+from mcfl.engine import FlatModel
 from mcfl.executors import same_executor
 from mcfl.models.fusion import FusionNet
 
@@ -37,17 +38,6 @@ from mcfl.models.fusion import FusionNet
 @dataclass
 class Params:
     operator: Literal["conv", "multi", "single"] = "conv"
-
-
-def cross_entropy(module, x, y, rows, mask=None):
-    """Plain cross-entropy through the fusion network; as a custom loss its frozen extractor gets no
-    step. ``mask`` (the batched executor's padded batches): the mean over the real rows."""
-    if mask is None:
-        return F.cross_entropy(module(x), y)
-    return (F.cross_entropy(module(x), y, reduction="none") * mask).sum() / mask.sum().clamp(min=1)
-
-
-cross_entropy.batchable = True      # vmap-safe: the batched executor stacks these tasks
 
 
 class FedFusion(FedAvg):
@@ -61,10 +51,7 @@ class FedFusion(FedAvg):
         flat = FlatModel(net, fed.device)
         trainer = same_executor(fed.trainer, flat, fed.dev)
         self.fed = dataclasses.replace(fed, model=flat, trainer=trainer, w0=flat.get())
-        self.local_sl, self.glob_sl = param_span(flat, "local."), param_span(flat, "glob.")
-
-    def local_task(self, client: int, w: torch.Tensor) -> Task:
-        return Task(client, w, loss=cross_entropy)     # custom loss: the frozen extractor gets no step
+        self.local_sl, self.glob_sl = param_span(flat, FusionNet.LOCAL), param_span(flat, FusionNet.GLOB)
 
     def server_step(self, w: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
         mean[self.glob_sl] = mean[self.local_sl]       # the averaged local extractor becomes global

@@ -25,9 +25,10 @@ The server averages the local models as FedAvg.
   FEMNIST writers 0.1 collapsed the model to one class; config/femnist-sample-fedgsp.yaml uses 0.01,
   chosen on the training loss (benchmarks/fedmmd_select.py, docs/methods/fedgsp.md).
 
-The penalty is a custom local loss (``Task.loss``), one per round shared by the round's clients and
-marked batchable: under ``executor: batched`` the clients train stacked where that path is the
-faster one (a GPU; small models on a CPU), one at a time otherwise (as FedCG's).
+The penalty is a custom local loss (``Task.loss``), one per round shared by the round's clients,
+marked batchable and with a layerwise form: under ``executor: batched`` the clients train as
+FedAvg's do, the dense layers on the low-rank path (the global features of a step's rows: one
+forward for all the chunk's clients), the rest stacked.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
+from torch.func import functional_call, vmap
 
 from mcfl.algorithms.fedavg import FedAvg
 from mcfl.engine import Task
+from mcfl.executors import client_ce
 
 
 @dataclass
@@ -130,5 +132,17 @@ class FedMMD(FedAvg):
                 ce = (F.cross_entropy(self.head(h), y, reduction="none") * mask).sum() / mask.sum().clamp(min=1)
             return ce + p.lam * mmd2(h, h_global, p.kernels, p.kernel_mul, mask)
 
+        def layerwise(x, outs, y, mask):
+            """The same for n stacked clients from the layers' outputs (the batched executor's
+            low-rank path): ``outs[cut - 1]`` is the input of the last Linear."""
+            n, B = mask.shape
+            h = outs[cut - 1] if cut else x
+            with torch.no_grad():     # one forward of all the clients' rows: they share the global
+                h_global = functional_call(self.features, frozen, (x.flatten(0, 1),)).unflatten(0, (n, B))
+            penalty = vmap(lambda a, b, m: mmd2(a, b, p.kernels, p.kernel_mul, m))(h, h_global, mask)
+            return client_ce(outs[-1], y, mask) + p.lam * penalty
+
+        cut = len(self.features)
         loss.batchable = True          # vmap-safe: the batched executor stacks these tasks
+        loss.layerwise = layerwise     # and trains them on its low-rank path where it applies
         return loss

@@ -34,14 +34,13 @@ def split_extractor(module: nn.Module) -> tuple[nn.Sequential, nn.Sequential]:
     return module[:cut], module[cut:]
 
 
-class FusionNet(nn.Module):
-    def __init__(self, module: nn.Module, input_shape, operator: str = "conv"):
+class Fusion(nn.Module):
+    """The two extractors and the operator: an image batch -> the fused feature map."""
+
+    def __init__(self, extractor: nn.Sequential, input_shape, operator: str):
         super().__init__()
-        if operator not in OPERATORS:
-            raise ValueError(f"operator must be one of {', '.join(OPERATORS)}, got {operator!r}")
-        extractor, head = split_extractor(copy.deepcopy(module))
         self.operator = operator
-        self.local, self.head = extractor, head
+        self.local = extractor
         self.glob = copy.deepcopy(extractor).requires_grad_(False)
         with torch.no_grad():
             probe = torch.zeros(1, *input_shape, device=next(extractor.parameters()).device)
@@ -55,12 +54,34 @@ class FusionNet(nn.Module):
         else:
             self.lam = nn.Parameter(torch.full((channels if operator == "multi" else 1,), 0.5))
 
-    def fused(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, loc = self.glob(x), self.local(x)
         if self.operator == "conv":
             return self.fuse(torch.cat([g, loc], 1))
         lam = self.lam.view(1, -1, *([1] * (g.dim() - 2)))
         return g + lam * (loc - g)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.fused(x))
+
+class FusionNet(nn.Sequential):
+    """``Sequential(Fusion, *head)``: an ``nn.Sequential`` like the model it wraps, so that the
+    batched executor's low-rank path trains its dense head as it trains the plain model's (the
+    frozen global extractor gets no step on any path). Parameter names: ``0.glob.*``, ``0.local.*``,
+    ``0.fuse.*`` / ``0.lam``, then the head's layers."""
+
+    GLOB, LOCAL = "0.glob.", "0.local."
+
+    def __init__(self, module: nn.Module, input_shape, operator: str = "conv"):
+        if operator not in OPERATORS:
+            raise ValueError(f"operator must be one of {', '.join(OPERATORS)}, got {operator!r}")
+        extractor, head = split_extractor(copy.deepcopy(module))
+        super().__init__(Fusion(extractor, input_shape, operator), *head)
+
+    # the fusion block's parts, for tests and reports
+    local = property(lambda self: self[0].local)
+    glob = property(lambda self: self[0].glob)
+    fuse = property(lambda self: self[0].fuse)
+    lam = property(lambda self: self[0].lam)
+    head = property(lambda self: nn.Sequential(*list(self)[1:]))
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return self[0](x)
