@@ -5,10 +5,10 @@
 #   bash docs/tools/device/plan.sh            # then: bash docs/tools/device/wheels.sh, and the run
 #
 # Priority (a 9-minute call runs 13 jobs at a time; what the deadline stops comes back as checkpoints
-# that resume anywhere): first the real-writer Table-1 rows that are slow on a CPU (FedFusion,
-# NaiveGSP, NaiveGSP+ICG and FedMMD with its chosen lam 0.01, then FedGSP's other seeds), seed 0 before
-# seeds 1 and 2; then that config's other missing runs; then the FedCG, standard and paper protocols'
-# missing runs. The queue runs them in name order and stops at its deadline, so whatever does not fit
+# that resume anywhere): first the real-writer Table-1 rows that are slowest on a CPU (NaiveGSP,
+# NaiveGSP+ICG and FedGSP: 2.6 h a run there), then FedFusion and FedMMD with its chosen lam 0.01
+# (about 2 h on a CPU since they train on the low-rank path), seed 0 before seeds 1 and 2; then that
+# config's other missing runs; then the FedCG, standard and paper protocols' missing runs. The queue runs them in name order and stops at its deadline, so whatever does not fit
 # waits for the next call.
 set -eu
 cd "$(dirname "$0")/../../.."
@@ -29,7 +29,7 @@ dry config/femnist-sample.yaml .devrun/dry-3-standard.txt
 dry config/femnist-sample-paper.yaml .devrun/dry-4-paper.txt
 first=()
 for s in 0 1 2; do
-  for r in FedFusion NaiveGSP NaiveGSP+ICG FedMMD FedGSP; do
+  for r in NaiveGSP NaiveGSP+ICG FedGSP FedFusion FedMMD; do
     [ -f "results-femnist-sample-fedgsp/runs/femnist_sample/$r/seed$s/metrics.json" ] \
       || first+=("results-femnist-sample-fedgsp-$r-s$s")
   done
