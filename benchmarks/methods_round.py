@@ -9,9 +9,10 @@ dropped), so the rows compare what each method's round costs. Each method runs s
 under both executors, their rounds interleaved (round r of the four runs, then round r + 1), so that
 load changes on a shared machine hit the four alike and the ratios compare like with like; the first ``--warmup`` rounds are not timed; the figure is the
 median. Initialisation (FeSEM's k-means centres, ...) and evaluation are not timed. The last two
-columns split the batched round: seconds inside the local trainer (``mcfl.timing.LocalClock``:
+columns but one split the batched round: seconds inside the local trainer (``mcfl.timing.LocalClock``:
 local SGD and gradients) and the rest (the server's work, and client-side inference outside local
-training such as HypoCluster's choice of hypothesis).
+training such as HypoCluster's choice of hypothesis). The last is the largest difference between
+the two executors' final states (models, centres, server moments): float rounding only.
 
     python benchmarks/methods_round.py --leaf ../shared/data/femnist-leaf-sample/leaf-torch
     python benchmarks/methods_round.py --store /tmp/femnist-store --methods FedAvg,FeSEM-K3 --rounds 3
@@ -100,7 +101,15 @@ def time_methods(todo: list[tuple[str, dict]], data, model: dict, train: dict, s
                 wall.append(time.perf_counter() - t)
                 local.append(clock.seconds)
     return [{**{ex: statistics.median(run[3]) for ex, run in pair.items()},
-             "batched_local": statistics.median(pair["batched"][5])} for pair in runs]
+             "batched_local": statistics.median(pair["batched"][5]),
+             "diff": state_diff(*(run[0].state_dict(run[1]) for run in pair.values()))} for pair in runs]
+
+
+def state_diff(a: dict, b: dict) -> float:
+    """Largest absolute difference between two runs' final states (their float tensors: models,
+    centres, server moments): the executors agree up to float rounding."""
+    return max((float((torch.as_tensor(v) - torch.as_tensor(b[k])).abs().max()) for k, v in a.items()
+                if torch.is_tensor(v) and v.is_floating_point() and v.numel()), default=0.0)
 
 
 def main(argv=None) -> int:
@@ -142,8 +151,8 @@ def main(argv=None) -> int:
               f"{args.fallback or 'the device default'}\n# {machine(torch.device(args.device))}")
         print(f"| {'method':<14} | {'sequential s':>12} | {'batched s':>9} | {'seq / batched':>13} | "
               f"{'seq / FedAvg seq':>16} | {'batched / FedAvg batched':>24} | {'batched: local s':>16} | "
-              f"{'batched: rest s':>15} |")
-        print(f"|{'-' * 16}|{'-' * 14}|{'-' * 11}|{'-' * 15}|{'-' * 18}|{'-' * 26}|{'-' * 18}|{'-' * 17}|",
+              f"{'batched: rest s':>15} | {'seq vs batched diff':>19} |")
+        print(f"|{'-' * 16}|{'-' * 14}|{'-' * 11}|{'-' * 15}|{'-' * 18}|{'-' * 26}|{'-' * 18}|{'-' * 17}|{'-' * 21}|",
               flush=True)
         fedavg = todo[0][1:]
         for label, method, params in todo:         # each with FedAvg, interleaved: the ratios
@@ -154,7 +163,7 @@ def main(argv=None) -> int:
             print(f"| {label:<14} | {t['sequential']:12.2f} | {t['batched']:9.2f} | "
                   f"{t['sequential'] / t['batched']:12.2f}x | {t['sequential'] / base['sequential']:15.2f}x | "
                   f"{t['batched'] / base['batched']:23.2f}x | {t['batched_local']:16.2f} | "
-                  f"{t['batched'] - t['batched_local']:15.2f} |", flush=True)
+                  f"{t['batched'] - t['batched_local']:15.2f} | {t['diff']:19.1e} |", flush=True)
     return 0
 
 
