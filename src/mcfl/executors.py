@@ -278,7 +278,9 @@ class BatchedTrainer(LocalTrainer):
         tasks = list(tasks)
         B = self.spec.batch_size
         steps = [n_steps(int(self.data.n_train[t.client]), self.spec) for t in tasks]
-        layerwise = all(t.loss is None or getattr(t.loss, "layerwise", None) for t in tasks)
+        # a layerwise loss must be batchable too: a task the low-rank path cannot take goes stacked
+        layerwise = all(t.loss is None or (getattr(t.loss, "batchable", False) and getattr(t.loss, "layerwise", None))
+                        for t in tasks)
         if not layerwise:                   # a custom loss without a layerwise form: no low-rank path
             if all(getattr(t.loss, "batchable", False) for t in tasks) and not self._unsupported:
                 self._say(f"batched executor: a custom local loss trains on the {self.fallback} path, "
