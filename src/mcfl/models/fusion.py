@@ -82,6 +82,3 @@ class FusionNet(nn.Sequential):
     fuse = property(lambda self: self[0].fuse)
     lam = property(lambda self: self[0].lam)
     head = property(lambda self: nn.Sequential(*list(self)[1:]))
-
-    def fused(self, x: torch.Tensor) -> torch.Tensor:
-        return self[0](x)
