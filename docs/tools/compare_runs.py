@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from mcfl.metrics import paired_counts, sign_test_p  # noqa: E402
+from mcfl.report.format import machine  # noqa: E402
 
 TIME_COLUMNS = ("local_s", "aggregate_s", "eval_s")
 
@@ -49,11 +50,10 @@ def summary(d: Path, target: float) -> str:
     low = scored.loc[scored["test_loss"].idxmin()]
     seconds = sum(h[c].sum() for c in TIME_COLUMNS if c in h)
     f = m["final"]
-    where = m.get("device", "?") + (f" ({m['cpu']})" if m.get("cpu") else "")
     return (f"{d.parent.name} {d.name}: micro {100 * f['micro_acc']:.1f}% macro {100 * f['macro_acc']:.1f}%, "
             f"{100 * target:g}% at round {int(reached.min()) if len(reached) else 'never'}, test loss "
             f"{scored['test_loss'].iloc[-1]:.3f} (lowest {low['test_loss']:.3f} at round {int(low['round'])}), "
-            f"{seconds:,.0f} s of training and evaluation, {where}, git {str(m.get('git', '?'))[:7]}")
+            f"{seconds:,.0f} s of training and evaluation, {machine(m)}, git {str(m.get('git', '?'))[:7]}")
 
 
 def pair(a: Path, b: Path) -> str:

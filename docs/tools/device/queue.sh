@@ -47,28 +47,36 @@ echo "stopped at $(el) s with $(running) running" >> .devrun/logs/done.txt
 pkill -f "$JOBS/"; pkill -f "mcfl.cli"; sleep 3; pkill -9 -f "mcfl.cli"; kill $TESTS 2>/dev/null
 find results*/ \( -path "*/runs/*" -o -path "*/logs/*" -o -path "*/init/*" \) -type f -size -2M > /tmp/small.txt
 tar czf $OUT/runs.tgz .devrun/logs -T /tmp/small.txt
-# Checkpoints of the runs the deadline stopped, in job order (the queue's priority), as one tar
-# split into 15 MiB parts (ckpt.tgz.part-aa, -ab, ...; `cat` them back together): a LEAF-CNN
-# checkpoint is 26 MB, over one returned file's limit, so without the split none would come back.
+# Checkpoints of the runs the deadline stopped, the furthest-trained first (each one saves the
+# rounds it holds; the log's last "N/R" says how many), as one tar split into 15 MiB parts
+# (ckpt.tgz.part-aa, -ab, ...; `cat` them back together): a LEAF-CNN checkpoint is 26 MB, over one
+# returned file's limit, and about two fit in what comes back.
 JOBS=$JOBS python3 - <<'PY' >> $OUT/machine.txt 2>&1
 import glob, os, re, subprocess
 out = os.environ["OUT"]
 budget = 60 * 2**20 - os.path.getsize(out + "/runs.tgz")        # 64 MiB back in all, 8 files
-picked, size = [], 0
+found = []
 for job in sorted(glob.glob(os.environ["JOBS"] + "/*.sh")):
     text = open(job).read()
-    ck = re.search(r"--checkpoint (\S+)", text)
+    ck, log = re.search(r"--checkpoint (\S+)", text), re.search(r"> (\S+) 2>&1", text)
     if not ck or not os.path.exists(ck.group(1)):
         continue
-    s = os.path.getsize(ck.group(1))
+    done = 0
+    if log and os.path.exists(log.group(1)):
+        rounds = re.findall(r"(\d+)/\d+ \[", open(log.group(1), errors="replace").read()[-4000:])
+        done = int(rounds[-1]) if rounds else 0
+    found.append((-done, job, ck.group(1)))
+picked, size = [], 0
+for minus_done, _, path in sorted(found):
+    s = os.path.getsize(path)
     if size + s > budget:
-        print("no room to bring back:", ck.group(1), s)
+        print(f"no room to bring back: {path} ({s} bytes, {-minus_done} rounds trained)")
         continue
-    picked.append(ck.group(1)); size += s
+    picked.append(path); size += s
+    print(f"checkpoint back: {path} ({-minus_done} rounds trained)")
 if picked:
     subprocess.run(f"tar cf - {' '.join(picked)} | gzip -1 | split -b 15M - {out}/ckpt.tgz.part-",
                    shell=True, check=True)
-    print("checkpoints back:", *picked)
 PY
 ls -la $OUT; cat .devrun/logs/done.txt; tail -3 $OUT/cuda_tests.log; echo "ended at $(el) s"
 pkill -P $$; wait; exit 0
