@@ -93,11 +93,13 @@ def test_archived_runs_get_no_job_and_name_order_is_priority_order_past_100(tmp_
     (tmp_path / "kept" / "res" / "d" / "R6" / "seed0").mkdir(parents=True)   # no metrics.json: not finished
     out = tmp_path / "jobs"
     r = subprocess.run([sys.executable, str(ROOT / "docs/tools/device/jobs.py"), str(dry), "--out", str(out),
-                        "--archived", str(tmp_path / "kept"), "--first", "res-R102-s0"],
+                        "--archived", str(tmp_path / "kept"), "--first", "res-R102-s0",
+                        "--last", "res-R3-s0", "res-R1-s0"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     names = sorted(p.name for p in out.glob("*.sh"))            # queue.sh's order
-    expect = ["res-R102-s0"] + [f"res-R{i}-s0" for i in range(102) if i != 5]
+    expect = (["res-R102-s0"] + [f"res-R{i}-s0" for i in range(102) if i not in (1, 3, 5)]
+              + ["res-R3-s0", "res-R1-s0"])
     assert [n.split("-", 1)[1][:-3] for n in names] == expect
-    assert names[0] == "000-res-R102-s0.sh" and names[-1] == "101-res-R101-s0.sh"
+    assert names[0] == "000-res-R102-s0.sh" and names[-1] == "101-res-R1-s0.sh"
     assert "--device cuda" in (out / names[0]).read_text()

@@ -12,7 +12,8 @@ A job whose centres exist here already (no init command in the dry runs) needs t
 adds it (``plan.sh`` does both).
 
 Scripts are named ``NN-<results dir>-<run id>-s<seed>.sh``, in the order the dry runs list them
-(names given with ``--first``, e.g. ``results-femnist-sample-fedcg-FedCG-K4-s0``, go first; NN has
+(names given with ``--first``, e.g. ``results-femnist-sample-fedcg-FedCG-K4-s0``, go first, those
+given with ``--last`` last; NN has
 as many digits as the last number needs, so name order stays priority order past 100 jobs);
 ``queue.sh`` beside this file runs them.
 
@@ -116,6 +117,7 @@ def main() -> int:
     ap.add_argument("dry_runs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--first", nargs="*", default=[])
+    ap.add_argument("--last", nargs="*", default=[])
     ap.add_argument("--device", default="cuda", help="what `--device auto` becomes (default cuda)")
     ap.add_argument("--archived", type=Path, default=ROOT / "docs" / "results" / "runs",
                     help="archived finished runs, which get no job (default docs/results/runs)")
@@ -126,13 +128,13 @@ def main() -> int:
         print(" ".join(centres_needed(a.dry_runs)))
         return 0
     js = jobs(a.dry_runs, a.device, a.archived)
-    unknown = [n for n in a.first if n not in js]
+    unknown = [n for n in a.first + a.last if n not in js]
     if unknown:
-        raise SystemExit(f"--first: no such job {', '.join(unknown)} (jobs: {', '.join(js)})")
+        raise SystemExit(f"--first/--last: no such job {', '.join(unknown)} (jobs: {', '.join(js)})")
     a.out.mkdir(parents=True, exist_ok=True)
     for old in a.out.glob("*.sh"):
         old.unlink()
-    order = a.first + [n for n in js if n not in a.first]
+    order = a.first + [n for n in js if n not in a.first + a.last] + [n for n in a.last if n not in a.first]
     width = max(2, len(str(len(order) - 1)))
     for i, n in enumerate(order):
         (a.out / f"{i:0{width}d}-{n}.sh").write_text(js[n])
