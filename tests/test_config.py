@@ -33,6 +33,7 @@ def base():
     (lambda c: c["datasets"]["digits"]["prepare"].update(clinets=5), r"datasets\.digits\.prepare\.clinets: unknown"),
     (lambda c: c["datasets"]["digits"]["model"].update(name="resnet"), r"datasets\.digits\.model\.name"),
     (lambda c: c.update(sedes=[1]), r"Additional properties are not allowed \('sedes'"),
+    (lambda c: c["methods"][0].update(seeds=[7]), r"methods\[0\]\.seeds: seed 7 is not one of the config's seeds"),
     (lambda c: c["methods"].append({"method": "FeSEM", "K": 2}), r"two entries both make run 'FeSEM-K2'"),
     (lambda c: c["datasets"]["digits"].update(prepare={"source": "celeba", "split": "user"}),
      r"datasets\.digits\.prepare: split='user' \(LEAF's -t user\) is not supported"),
@@ -44,6 +45,18 @@ def test_bad_configs_name_the_key(mutate, message):
     mutate(cfg)
     with pytest.raises(ConfigError, match=message):
         validate(cfg)
+
+
+def test_an_entry_runs_only_its_own_seeds():
+    cfg = base()
+    cfg["seeds"] = [0, 1, 2]
+    cfg["methods"][0]["seeds"] = [1]
+    runs = expand_runs(validate(cfg))
+    first = {(r["run_id"], r["seed"]) for r in runs if r["run_id"] == runs[0]["run_id"]}
+    assert sorted(s for _, s in first) == [1]
+    assert "seeds" not in runs[0]["params"]
+    others = [r for r in runs if r["run_id"] != runs[0]["run_id"]]
+    assert {r["seed"] for r in others} == {0, 1, 2}
 
 
 def test_defaults_are_filled_and_runs_expanded():

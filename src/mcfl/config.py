@@ -222,7 +222,7 @@ def method_params(entry: dict, where: str, K: int | None = None):
 
     cls = algorithms.get(entry["method"])
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
-    kw = {k: v for k, v in entry.items() if k not in ("method", "name", "label", "train", "K", "select_k", "datasets")}
+    kw = {k: v for k, v in entry.items() if k not in ("method", "name", "label", "train", "K", "select_k", "datasets", "seeds")}
     if K == "auto":                     # chosen later by the select_k rule (mcfl.cluster.select_k)
         if not hasattr(cls.Params(), "K"):
             raise ConfigError(f"{where}.K: {cls.name} does not take K, so K cannot be 'auto'")
@@ -294,6 +294,10 @@ def _validate(cfg: dict, source: str) -> dict:
         if unknown:
             raise ConfigError(f"{source}: methods[{i}].datasets: unknown dataset {unknown[0]!r}; "
                               f"known: {', '.join(cfg['datasets'])}")
+        other = [s for s in entry.get("seeds", []) if s not in cfg["seeds"]]
+        if other:
+            raise ConfigError(f"{source}: methods[{i}].seeds: seed {other[0]} is not one of the config's "
+                              f"seeds {cfg['seeds']}; an entry's seeds are a subset of them")
         Ks = entry.get("K")
         for K in (Ks if isinstance(Ks, list) else [Ks]):
             params = method_params(entry, f"methods[{i}]", K)
@@ -459,7 +463,7 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                 if params.get("warmup", 0) >= train["rounds"]:       # FeSEM's warm-up must end
                     raise ConfigError(f"methods[{i}].warmup: {params['warmup']} warm-up rounds leave none "
                                       f"of {dname}'s {train['rounds']} rounds to the K clusters; use fewer")
-                for seed in cfg["seeds"]:
+                for seed in entry.get("seeds", cfg["seeds"]):
                     runs.append({"dataset": dname, "method": cls.name, "label": label,
                                  "run_id": run_id, "seed": int(seed), "params": params,
                                  "model": dict(ds["model"]), "train": train,
