@@ -32,6 +32,7 @@ from mcfl.data.store import content_hash, write_arrays
 from mcfl.engine import DivergenceError, Task
 from mcfl.federation import build_federation
 from mcfl.io import sha256_file
+from mcfl.report.format import machine
 from mcfl.runner import train
 from mcfl.timing import without_times
 from mcfl.track import MLflowTracker, Tracker
@@ -155,6 +156,7 @@ def test_a_checkpoint_from_another_cpu_or_torch_resumes_with_a_warning(digits_st
     with pytest.raises(KeyboardInterrupt):
         train(run, digits_store, tmp_path / "a", checkpoint=ck, progress=False, tracker=_DieAt(2))
     assert torch.load(ck, weights_only=True)["cpu"] == torch.backends.cpu.get_cpu_capability()
+    real_cpu, real_torch = torch.backends.cpu.get_cpu_capability(), str(torch.__version__)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "OTHER_ISA")
     monkeypatch.setattr(torch, "__version__", "0.0.0-other")
     with caplog.at_level(logging.WARNING, "mcfl"):
@@ -163,6 +165,29 @@ def test_a_checkpoint_from_another_cpu_or_torch_resumes_with_a_warning(digits_st
     assert "written with torch" in caplog.text and "resuming with 0.0.0-other" in caplog.text
     assert (m["cpu"], m["torch"]) == ("OTHER_ISA", "0.0.0-other")       # recorded in metrics.json
     assert m["rounds"] == 3
+    # which machine trained which rounds: round 1 here (the checkpoint), rounds 2-3 on the "other" one
+    first, second = m["segments"]
+    assert (first["from"], first["to"], first["device"], first["torch"]) == (1, 1, "cpu", real_torch)
+    assert (second["from"], second["to"], second["cpu"], second["torch"]) == (2, 3, "OTHER_ISA", "0.0.0-other")
+    assert machine(m) == (f"cpu ({real_cpu}, 1 thread(s), torch {real_torch}) rounds 1-1 + "
+                          "cpu (OTHER_ISA, 1 thread(s), torch 0.0.0-other) rounds 2-3")
+    assert "segments" not in train(run, digits_store, tmp_path / "c", progress=False)   # not resumed
+
+
+def test_a_checkpoint_without_segments_names_its_rounds_from_its_identity(digits_store, tmp_path):
+    """A checkpoint written before runs recorded their segments (a GPU run's, say) still says, in
+    the resumed run's metrics.json, which rounds it held and the torch/CPU that wrote them."""
+    run = make_run(rounds=3, checkpoint_every=1)
+    ck = tmp_path / "ck.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train(run, digits_store, tmp_path / "a", checkpoint=ck, progress=False, tracker=_DieAt(2))
+    old = torch.load(ck, weights_only=True)
+    del old["segments"]
+    old["torch"] = "2.11.0+cu130"
+    torch.save(old, ck)
+    m = train(run, digits_store, tmp_path / "b", checkpoint=ck, progress=False)
+    assert [(s["from"], s["to"], s["device"]) for s in m["segments"]] == [(1, 1, "?"), (2, 3, "cpu")]
+    assert machine(m).startswith("? (") and "torch 2.11.0+cu130) rounds 1-1 + cpu (" in machine(m)
 
 
 def _checkpoint_round(path: Path) -> int:

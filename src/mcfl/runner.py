@@ -58,9 +58,27 @@ log = logging.getLogger("mcfl")
 
 # ---------------------------------------------------------------------------------- checkpointing
 def _save_checkpoint(path: Path, algo, state, rnd: int, rows: list[dict], identity: dict,
-                     tracking_id: str | None) -> None:
+                     tracking_id: str | None, segments: list[dict]) -> None:
     _torch_save(path, {"round": rnd, "state": algo.state_dict(state), "history": rows,
-                       "tracking_id": tracking_id or "", **identity})
+                       "tracking_id": tracking_id or "", "segments": segments, **identity})
+
+
+#: what a segment of a run records of the machine that trained it
+SEGMENT_KEYS = ("device", "device_name", "cpu", "threads", "torch", "git")
+
+
+def _segments(ck: dict | None, machine: dict, start: int, end: int) -> list[dict]:
+    """The rounds each machine trained, ``[{"from", "to", device, cpu, ...}]``: those of the
+    checkpoint resumed from, then this process's ``start..end``. A checkpoint written before
+    segments were recorded gives one earlier segment from its own identity (no device: "?")."""
+    if ck is None:
+        done = []
+    elif ck.get("segments"):
+        done = [dict(s) for s in ck["segments"]]
+    else:
+        done = [{"from": 1, "to": int(ck["round"]), "device": "?",
+                 **{k: ck[k] for k in SEGMENT_KEYS if k in ck}}]
+    return done + [{"from": start, "to": end, **{k: machine[k] for k in SEGMENT_KEYS if k in machine}}]
 
 
 def _torch_save(path: Path, obj) -> None:
@@ -156,6 +174,9 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
                 # run repeats bitwise only on a machine with the same capability
                 "cpu": torch.backends.cpu.get_cpu_capability()}
     ck = _load_checkpoint(ckpt_path, algo, identity, dev)
+    here = {"device": str(dev), **identity}
+    if dev.type == "cuda":                                         # which accelerator made it
+        here["device_name"] = torch.cuda.get_device_name(dev)
     if ck:
         state, start, rows = ck["state"], ck["round"] + 1, list(ck["history"])
         log.info("resuming %s from round %d (%s)", run["label"], ck["round"], ckpt_path)
@@ -195,11 +216,12 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
             rows.append(row)
             tracker.log({k: v for k, v in row.items() if k != "round"}, step=r)
             if ck_every and r % ck_every == 0 and r < rounds:
-                _save_checkpoint(ckpt_path, algo, state, r, rows, identity, tracking_id)
+                _save_checkpoint(ckpt_path, algo, state, r, rows, identity, tracking_id,
+                                 _segments(ck, here, start, r))
                 tracker.flush()
         final = {k: v for k, v in rows[-1].items() if k != "round" and k not in TIME_COLUMNS}
         result = _write_outputs(out_dir, run, identity, algo, state, fed, rows, final, pred,
-                                time.time() - t0)
+                                time.time() - t0, _segments(ck, here, start, rounds) if ck else None)
         tracker.artifacts([out_dir / f for f in OUTPUTS])
         status = "FINISHED"
     except (KeyboardInterrupt, SystemExit):     # Ctrl-C, or SIGTERM (the CLI turns it into SystemExit)
@@ -229,7 +251,8 @@ def _progress(it, run, enabled):
                 mininterval=1.0, dynamic_ncols=True)
 
 
-def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, pred, wall) -> dict:
+def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, pred, wall,
+                   segments: list[dict] | None = None) -> dict:
     # the CSVs pandas.DataFrame(...).to_csv(index=False) would write, without importing pandas
     out_dir.mkdir(parents=True, exist_ok=True)
     write_bytes(out_dir / "history.csv", rows_csv(rows).encode())
@@ -252,6 +275,8 @@ def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, 
     if fed.device.type == "cuda":                                  # which accelerator made it
         result["device_name"] = torch.cuda.get_device_name(fed.device)
     result["partition"] = run.get("partition", "natural")          # which partition made the data
+    if segments:                 # a resumed run: which machine trained which rounds (report.format)
+        result["segments"] = segments
     if fed.data.domain_test is not None:        # which ``domain`` ids of predictions.csv are unseen
         result["unseen_domains"] = fed.data.unseen_domains
     result["config"] = run                                         # the resolved run, for `mcfl track`

@@ -24,10 +24,22 @@ def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 
 def machine(m: dict) -> str:
-    """A run's machine in words, from its metrics.json (device, CPU kernels, threads, torch)."""
-    dev = str(m.get("device", "?"))
-    name = m.get("device_name")
-    return f"{dev}{f' {name}' if name else ''} ({m.get('cpu', '?')}, {m.get('threads', '?')} thread(s), torch {m.get('torch', '?')})"
+    """A run's machine in words, from its metrics.json (device, CPU kernels, threads, torch). A run
+    resumed on another machine names each one with its rounds (``segments``, runner.py)."""
+    def one(s: dict) -> str:
+        name = s.get("device_name")
+        return (f"{s.get('device', '?')}{f' {name}' if name else ''} ({s.get('cpu', '?')}, "
+                f"{s.get('threads', '?')} thread(s), torch {s.get('torch', '?')})")
+
+    parts: list[list] = []                     # consecutive segments of one machine merge
+    for s in m.get("segments") or []:
+        if parts and parts[-1][0] == one(s):
+            parts[-1][2] = s["to"]
+        else:
+            parts.append([one(s), s["from"], s["to"]])
+    if len(parts) < 2:
+        return one(m)
+    return " + ".join(f"{w} rounds {a}-{b}" for w, a, b in parts)
 
 
 def machines(runs: Iterable[dict]) -> str:
