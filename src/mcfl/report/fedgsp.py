@@ -269,7 +269,8 @@ def curves_figure(recs: list[dict], path: Path) -> None:
         style = {"lw": 2.2} if m == "FedGSP" else {"lw": 1.2}
         axes[0].plot(g["micro_acc"].mean().index, g["micro_acc"].mean() * 100, label=m, **style)
         axes[1].plot(g["test_loss"].mean().index, g["test_loss"].mean(), label=m, **style)
-    for ax, lab in zip(axes, ("test accuracy (%)", "test loss")):
+    axes[1].set_yscale("log")           # an early spike (FedAdagrad's first rounds) hides the rest
+    for ax, lab in zip(axes, ("test accuracy (%)", "test loss (log scale)")):
         ax.set_xlabel("round")
         ax.set_ylabel(lab)
         ax.grid(alpha=0.3)
