@@ -150,7 +150,8 @@ def _cancel_when_checkpointed(workdir: Path, proc, timeout=400):
 
 def _metrics_sans_time(path):
     m = json.loads(Path(path).read_text())
-    return {k: v for k, v in m.items() if k not in ("wall_s", "time_s", "git")}
+    # a resumed run (the cancelled job's) also lists its segments: which process trained which rounds
+    return {k: v for k, v in m.items() if k not in ("wall_s", "time_s", "git", "segments")}
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +222,9 @@ def test_cancelled_job_resumed_from_its_checkpoint(sweep):
     assert info["resumed_from_round"] is not None and info["resumed_from_round"] % 2 == 0
     assert f"SLURM-job '{info['cancelled_job']}' failed" in sweep["out"]
     assert not (sweep["remote"] / "results" / "checkpoints" / "synthetic" / "FedAvg" / "seed0.pt").exists()
+    m = json.loads((sweep["remote"] / "results" / "runs" / "synthetic" / "FedAvg" / "seed0" / "metrics.json").read_text())
+    k = info["resumed_from_round"]
+    assert [(s["from"], s["to"]) for s in m["segments"]] == [(1, k), (k + 1, m["rounds"])]
 
 
 def test_mlflow_server_holds_each_run_once(sweep, server):
