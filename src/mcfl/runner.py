@@ -220,7 +220,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
                                  _segments(ck, here, start, r))
                 tracker.flush()
         final = {k: v for k, v in rows[-1].items() if k != "round" and k not in TIME_COLUMNS}
-        result = _write_outputs(out_dir, run, identity, algo, state, fed, rows, final, pred,
+        result = _write_outputs(out_dir, run, here, algo, state, fed, rows, final, pred,
                                 time.time() - t0, _segments(ck, here, start, rounds) if ck else None)
         tracker.artifacts([out_dir / f for f in OUTPUTS])
         status = "FINISHED"
@@ -251,7 +251,7 @@ def _progress(it, run, enabled):
                 mininterval=1.0, dynamic_ncols=True)
 
 
-def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, pred, wall,
+def _write_outputs(out_dir: Path, run, machine, algo, state, fed, rows, final, pred, wall,
                    segments: list[dict] | None = None) -> dict:
     # the CSVs pandas.DataFrame(...).to_csv(index=False) would write, without importing pandas
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -271,9 +271,7 @@ def _write_outputs(out_dir: Path, run, identity, algo, state, fed, rows, final, 
               "run_id": run["run_id"], "seed": run["seed"], "params": run["params"],
               "rounds": int(run["train"]["rounds"]), "final": final, "wall_s": round(wall, 2),
               "time_s": {c[:-2]: round(float(sum(r.get(c, 0.0) for r in rows)), 2) for c in TIME_COLUMNS},
-              "device": str(fed.device), **identity}
-    if fed.device.type == "cuda":                                  # which accelerator made it
-        result["device_name"] = torch.cuda.get_device_name(fed.device)
+              **machine}                         # device (and GPU name), CPU kernels, torch, git
     result["partition"] = run.get("partition", "natural")          # which partition made the data
     if segments:                 # a resumed run: which machine trained which rounds (report.format)
         result["segments"] = segments
