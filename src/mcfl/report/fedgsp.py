@@ -264,9 +264,10 @@ def curves_figure(recs: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=120)
     h = pd.concat([r["hist"].assign(method=r["run"]["label"]) for r in recs], ignore_index=True)
     h = h[h["micro_acc"].notna()]
-    for m in dict.fromkeys(h["method"]):
+    for i, m in enumerate(dict.fromkeys(h["method"])):
         g = h[h["method"] == m].groupby("round")
-        style = {"lw": 2.2} if m == "FedGSP" else {"lw": 1.2}
+        # ten colours, then the same ten dashed: Table 1's eleven rows stay told apart
+        style = {"lw": 2.2 if m == "FedGSP" else 1.2, "color": f"C{i % 10}", "ls": ("-", "--", ":")[i // 10 % 3]}
         axes[0].plot(g["micro_acc"].mean().index, g["micro_acc"].mean() * 100, label=m, **style)
         axes[1].plot(g["test_loss"].mean().index, g["test_loss"].mean(), label=m, **style)
     axes[1].set_yscale("log")           # an early spike (FedAdagrad's first rounds) hides the rest
