@@ -29,9 +29,11 @@ setup: $(STAMP)
 reproduce: setup
 	$(BIN)/snakemake --cores $(CORES) --configfile config/config.yaml
 
-# The studies beside `make reproduce` (the real-writer ones: hours on a CPU, resumable: run again to continue)
+# The studies beside `make reproduce` (the real-writer ones: hours on a CPU, resumable: run again to
+# continue; a job killed mid-run resumes from its checkpoint, hence --rerun-incomplete; after a killed
+# Snakemake, `.venv/bin/snakemake --unlock --configfile config/<study>.yaml` first: docs/reliability.md)
 femnist-sample femnist-sample-paper femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg femnist-flic femnist-sample-variants femnist-sample-switches femnist-sample-h248 fesem-digits-variants: setup
-	$(BIN)/snakemake --cores $(CORES) --configfile config/$@.yaml
+	$(BIN)/snakemake --cores $(CORES) --rerun-incomplete --configfile config/$@.yaml
 
 dry-run: setup
 	$(BIN)/snakemake -n --cores $(CORES) --configfile config/config.yaml
