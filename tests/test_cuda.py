@@ -112,3 +112,33 @@ def test_a_cuda_run_repeats_bitwise(digits_store, tmp_path):
         hist = pd.read_csv(tmp_path / str(i) / "history.csv")
         files[i]["history"] = hist.drop(columns=[c for c in hist.columns if c.endswith("_s")]).to_csv()
     assert files[0] == files[1]
+
+
+@pytest.mark.parametrize("method", sorted(algorithms.ALGORITHMS))
+@pytest.mark.parametrize("first, then", [("cpu", "cuda"), ("cuda", "cpu")])
+def test_a_checkpoint_resumes_on_the_other_device(method, first, then, digits_store, tmp_path,
+                                                  monkeypatch):
+    """A run stopped on one device resumes on the other (a study moved between a lent GPU and a
+    CPU): models load onto the new device, index tensors onto the CPU, and the run ends near the
+    uninterrupted one. (Once NaiveGSP's fixed groups, loaded onto CUDA, failed on ``.numpy()``.)"""
+    run = make_run(method=method, params=small_params(method), rounds=4, clients_per_round=6,
+                   checkpoint_every=1, eval_every=2, executor="batched")
+    full = train(run, digits_store, tmp_path / "full", device=first, progress=False)
+    cls = algorithms.get(method)
+    real_round = cls.round
+
+    def dying_round(self, state, clients, rnd):
+        if rnd == 3:
+            raise KeyboardInterrupt
+        return real_round(self, state, clients, rnd)
+
+    ck = tmp_path / "ck.pt"
+    monkeypatch.setattr(cls, "round", dying_round)
+    with pytest.raises(KeyboardInterrupt):
+        train(run, digits_store, tmp_path / "resumed", device=first, checkpoint=ck, progress=False)
+    monkeypatch.setattr(cls, "round", real_round)
+    assert torch.load(ck, weights_only=True, map_location="cpu")["round"] == 2
+    resumed = train(run, digits_store, tmp_path / "resumed", device=then, checkpoint=ck, progress=False)
+    assert not ck.exists()                                    # it ran to the end from round 3
+    for key in ("micro_acc", "macro_acc"):
+        assert resumed["final"][key] == pytest.approx(full["final"][key], abs=0.02), key

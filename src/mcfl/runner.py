@@ -89,15 +89,23 @@ def _torch_save(path: Path, obj) -> None:
     write_bytes(path, buf.getvalue())
 
 
+def _to_device(state: dict, device) -> dict:
+    """A checkpoint's state where ``init()`` would have made it, whichever device wrote it: models
+    and other float tensors on the run's device, index tensors (assignments, groups) on the CPU,
+    where the algorithms read them with ``.numpy()``."""
+    return {k: v.to(device) if torch.is_tensor(v) and v.is_floating_point() else v
+            for k, v in state.items()}
+
+
 def _load_checkpoint(path: Path | None, algo, identity: dict, device) -> dict | None:
     """The checkpoint at ``path`` if it belongs to this run (same config and data), else None."""
     if path is None or not path.is_file():
         return None
     try:
-        ck = torch.load(path, map_location=device, weights_only=True)
+        ck = torch.load(path, map_location="cpu", weights_only=True)
         mine = all(ck.get(k) == identity[k] for k in ("run_hash", "data_hash"))
         if mine:
-            ck["state"] = algo.load_state(ck["state"])
+            ck["state"] = algo.load_state(_to_device(ck["state"], device))
     except Exception as e:  # noqa: BLE001 - unreadable, or written by an incompatible version
         log.warning("%s: cannot resume from it (%s); starting afresh", path, e)
         return None
