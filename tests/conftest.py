@@ -59,6 +59,23 @@ def small_params(method: str) -> dict:
     return {k: v for k, v in (("K", 2), ("restarts", 2)) if k in fields}
 
 
+def interrupt_round(monkeypatch, method: str, rnd: int):
+    """Make ``method``'s round ``rnd`` raise KeyboardInterrupt, as a job killed mid-run; returns
+    the call that restores the real ``round``."""
+    from mcfl import algorithms
+
+    cls = algorithms.get(method)
+    real_round = cls.round
+
+    def dying_round(self, state, clients, r):
+        if r == rnd:
+            raise KeyboardInterrupt
+        return real_round(self, state, clients, r)
+
+    monkeypatch.setattr(cls, "round", dying_round)
+    return lambda: monkeypatch.setattr(cls, "round", real_round)
+
+
 def make_concept_store(out, groups=2, clients_per_group=6, n_train=60, n_test=20, dim=10, classes=4,
                        seed=0):
     """Gaussian features labelled by one random linear teacher, with the labels permuted per group:

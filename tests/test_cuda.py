@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import make_run, small_params
+from conftest import interrupt_round, make_run, small_params
 from mcfl import algorithms
 from mcfl.data import ClientData, load, write_store
 from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer, Task
@@ -124,19 +124,11 @@ def test_a_checkpoint_resumes_on_the_other_device(method, first, then, digits_st
     run = make_run(method=method, params=small_params(method), rounds=4, clients_per_round=6,
                    checkpoint_every=1, eval_every=2, executor="batched")
     full = train(run, digits_store, tmp_path / "full", device=first, progress=False)
-    cls = algorithms.get(method)
-    real_round = cls.round
-
-    def dying_round(self, state, clients, rnd):
-        if rnd == 3:
-            raise KeyboardInterrupt
-        return real_round(self, state, clients, rnd)
-
     ck = tmp_path / "ck.pt"
-    monkeypatch.setattr(cls, "round", dying_round)
+    restore = interrupt_round(monkeypatch, method, 3)
     with pytest.raises(KeyboardInterrupt):
         train(run, digits_store, tmp_path / "resumed", device=first, checkpoint=ck, progress=False)
-    monkeypatch.setattr(cls, "round", real_round)
+    restore()
     assert torch.load(ck, weights_only=True, map_location="cpu")["round"] == 2
     resumed = train(run, digits_store, tmp_path / "resumed", device=then, checkpoint=ck, progress=False)
     assert not ck.exists()                                    # it ran to the end from round 3

@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import ROOT, make_run, small_params
+from conftest import ROOT, interrupt_round, make_run, small_params
 from mcfl import algorithms, cli
 from mcfl.config import ConfigError, expand_runs, validate
 from mcfl.data import ClientData, StoreError, load, write_store
@@ -84,19 +84,11 @@ def test_interrupted_run_resumes_bitwise_from_a_fresh_instance(method, digits_st
     run = make_run(method=method, params=small_params(method), rounds=5, clients_per_round=4,
                    checkpoint_every=2, eval_every=2)
     full = train(run, digits_store, tmp_path / "full", progress=False)
-    cls = algorithms.get(method)
-    real_round = cls.round
-
-    def dying_round(self, state, clients, rnd):       # the job dies during round 4
-        if rnd == 4:
-            raise KeyboardInterrupt
-        return real_round(self, state, clients, rnd)
-
     ck = tmp_path / "ck.pt"
-    monkeypatch.setattr(cls, "round", dying_round)
+    restore = interrupt_round(monkeypatch, method, 4)     # the job dies during round 4
     with pytest.raises(KeyboardInterrupt):
         train(run, digits_store, tmp_path / "resumed", checkpoint=ck, progress=False)
-    monkeypatch.setattr(cls, "round", real_round)
+    restore()
     assert torch.load(ck, weights_only=True)["round"] == 2
     assert not (tmp_path / "resumed" / "metrics.json").exists()
     resumed = train(run, digits_store, tmp_path / "resumed", checkpoint=ck, progress=False)
