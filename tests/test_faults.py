@@ -141,6 +141,32 @@ def test_foreign_or_corrupt_checkpoint_is_ignored(digits_store, tmp_path, caplog
     assert "belongs to another configuration" in caplog.text
 
 
+@pytest.mark.parametrize("method", ["NaiveGSP+ICG", "FeSEM", "NoFed"])
+def test_a_checkpoint_puts_models_on_the_run_device_and_indices_on_the_cpu(method, digits_store,
+                                                                           tmp_path, monkeypatch):
+    """Resuming on another device (tests/test_cuda.py does it on a GPU): the float tensors (models)
+    go to the resuming run's device, here PyTorch's "meta" device, and the index tensors (groups,
+    assignments, flags) stay on the CPU, where init() makes them and round() reads them with
+    .numpy(). Mapping the whole state to the device broke CPU -> CUDA resumes."""
+    from mcfl.runner import _to_device
+
+    run = make_run(method=method, params=small_params(method), rounds=3, clients_per_round=6,
+                   checkpoint_every=1)
+    ck = tmp_path / "ck.pt"
+    restore = interrupt_round(monkeypatch, method, 2)
+    with pytest.raises(KeyboardInterrupt):
+        train(run, digits_store, tmp_path / "out", checkpoint=ck, progress=False)
+    restore()
+    state = torch.load(ck, weights_only=True)["state"]
+    moved = _to_device(state, torch.device("meta"))
+    tensors = {k: v for k, v in moved.items() if torch.is_tensor(v)}
+    floats = {k for k, v in tensors.items() if v.is_floating_point()}
+    assert floats and len(floats) < len(tensors)            # both kinds are present
+    for k, v in tensors.items():
+        assert v.device.type == ("meta" if k in floats else "cpu"), k
+        assert v.shape == state[k].shape and v.dtype == state[k].dtype, k
+
+
 def test_a_checkpoint_from_another_cpu_or_torch_resumes_with_a_warning(digits_store, tmp_path,
                                                                          caplog, monkeypatch):
     run = make_run(rounds=3, checkpoint_every=1)
