@@ -2,7 +2,7 @@
 LEAF-like sizes, one local epoch, batch 10) with the batched executor, against the sequential
 executor's clients/s measured in the same run on a subset of the same clients.
 
-The issue's GPU targets (one H100): the round in under 10 s, and the batched executor at least
+The package's GPU targets (one H100): the round in under 10 s, and the batched executor at least
 20x the sequential one in clients/s. Data are random FEMNIST-shaped uint8 images (the speed does
 not depend on pixel values); client i gets U[50, 320] training samples (mean 185, about LEAF
 FEMNIST's 805k samples x 0.8 / 3,550 writers).

@@ -14,7 +14,7 @@ local SGD and gradients) and the rest (the server's work, and client-side infere
 training such as HypoCluster's choice of hypothesis). The last is the largest difference between
 the two executors' final states (models, centres, server moments): float rounding only.
 
-    python benchmarks/methods_round.py --leaf ../shared/data/femnist-leaf-sample/leaf-torch
+    python benchmarks/methods_round.py --leaf LEAF_DIR     # LEAF's train/ and test/ JSON
     python benchmarks/methods_round.py --store /tmp/femnist-store --methods FedAvg,FeSEM-K3 --rounds 3
 
 ``--device cuda`` times the GPU; ``--fallback stacked`` forces the batched executor's stacked path

@@ -9,6 +9,17 @@ ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
 
 
+def real_data(name: str) -> tuple[Path, pytest.MarkDecorator]:
+    """A real-data folder ``$MCFL_REAL_DATA/<name>`` (LEAF's FEMNIST sample ``femnist-leaf-sample``,
+    the CelebA sample ``celeba-sample``) and a mark that skips, saying why, when it is absent: a
+    clone has no real data, and the embedded FEMNIST sample covers the rest."""
+    base = os.environ.get("MCFL_REAL_DATA", "")
+    folder = Path(base) / name if base else Path("MCFL_REAL_DATA-is-unset") / name
+    why = (f"needs real data: set MCFL_REAL_DATA to a folder holding {name}/" if not base
+           else f"needs real data: {folder} is not a folder")
+    return folder, pytest.mark.skipif(not (base and folder.is_dir()), reason=why)
+
+
 @pytest.fixture(scope="session")
 def digits_store(tmp_path_factory):
     """A small digits store: 16 clients, 4 rotation clusters."""

@@ -1,8 +1,8 @@
 """Test oracle: LEAF's FEMNIST and CelebA pipelines, re-stated from LEAF's documented semantics.
 
 This is NOT LEAF's code (LEAF cannot be fetched here and is not committed); it is an independent
-re-statement, step by step, of what LEAF's scripts do (reference notes ../shared/reference/leaf.md
-§1-3, and LEAF's scripts read at commit 09ec454), on a different code path from ``mcfl.data.leaf``:
+re-statement, step by step, of what LEAF's scripts do (LEAF's README and its scripts read
+at commit 09ec454), on a different code path from ``mcfl.data.leaf``:
 
 * it extracts the archives to disk and walks the folders with ``os.listdir`` (made deterministic
   by sorting, i.e. LEAF on a filesystem that lists names in sorted order), where mcfl reads the zips;

@@ -1,6 +1,6 @@
 """The benchmark scripts that plan studies run on a small config and print arithmetic that adds up.
 
-``benchmarks/study_cost.py`` is what a session runs before starting a multi-hour study; it once
+``benchmarks/study_cost.py`` is what a user runs before starting a multi-hour study; it once
 broke silently (it passed the whole train dict where the evaluation protocols were expected, so
 every config with ``eval_protocols`` failed before timing anything)."""
 

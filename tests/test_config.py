@@ -64,7 +64,7 @@ def test_defaults_are_filled_and_runs_expanded():
     assert cfg["datasets"]["digits"]["train"]["batch_size"] == 10
     assert cfg["datasets"]["digits"]["train"]["clients_per_round"] is None
     runs = [r for r in expand_runs(cfg) if r["dataset"] in ("digits", "synthetic")]
-    variant = [r for r in runs if r["label"] == "FeSEM-SB(3)"]     # issue 29's variant, digits only
+    variant = [r for r in runs if r["label"] == "FeSEM-SB(3)"]     # the shared-body variant, digits only
     assert [r["dataset"] for r in variant] == ["digits"] * len(cfg["seeds"])
     assert all(r["params"]["shared"] == "body" for r in variant)
     runs = [r for r in runs if r not in variant]

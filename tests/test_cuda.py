@@ -118,8 +118,8 @@ def test_a_cuda_run_repeats_bitwise(digits_store, tmp_path):
 @pytest.mark.parametrize("first, then", [("cpu", "cuda"), ("cuda", "cpu")])
 def test_a_checkpoint_resumes_on_the_other_device(method, first, then, digits_store, tmp_path,
                                                   monkeypatch):
-    """A run stopped on one device resumes on the other (a study moved between a lent GPU and a
-    CPU): models load onto the new device, index tensors onto the CPU, and the run ends near the
+    """A run stopped on one device resumes on the other (a study moved between a GPU machine and
+    a CPU): models load onto the new device, index tensors onto the CPU, and the run ends near the
     uninterrupted one. (Once NaiveGSP's fixed groups, loaded onto CUDA, failed on ``.numpy()``.)"""
     run = make_run(method=method, params=small_params(method), rounds=4, clients_per_round=6,
                    checkpoint_every=1, eval_every=2, executor="batched")

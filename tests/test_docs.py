@@ -172,3 +172,43 @@ def test_restore_puts_archived_runs_back_without_overwriting_a_run_already_there
     assert (out[0] / "history.csv").read_text() == "FedAvg history"
     assert (here / "metrics.json").read_text() == "newer" and not (here / "history.csv").exists()
     assert [p.name for p in out[0].parent.iterdir()] == ["seed0"]        # no .restoring left behind
+
+
+#: Words about how the package was made rather than what it does, and paths outside the repository.
+#: Papers are cited by authors, title and venue; the authors' code by docs/methods/original-code.md.
+PROCESS_WORDS = re.compile(
+    r"\bsessions?\b|\bborrowed\b|\blent (GPU|machine)|device[ -]calls?\b|device[ -]minutes?|device budget"
+    r"|\bissues?[ -]?\d+|\bpapers? 0\d\d\b|reference notes|\.\./shared|\bshared/(data|reference)\b",
+    re.IGNORECASE)
+WORD_DIRS = ("src", "docs", "config", "tests", "benchmarks", "studies", "workflow", "profiles")
+WORD_FILES = ("README.md", "Makefile", "Snakefile", "mkdocs.yml", "pyproject.toml")
+
+
+def _shipped_text_files():
+    for d in WORD_DIRS:
+        for path in sorted((ROOT / d).rglob("*")):
+            if path.suffix in {".md", ".py", ".yaml", ".yml", ".sh", ".smk", ".csv", ".txt"} \
+                    and "results/runs" not in path.as_posix() and path != Path(__file__).resolve():
+                yield path
+    yield from (ROOT / f for f in WORD_FILES if (ROOT / f).is_file())
+
+
+def test_docs_code_and_configs_speak_of_the_package_only():
+    """No page, config, test or docstring speaks of how the package was built (work sessions, where
+    a machine came from, issue numbers, papers by file number, notes outside the repository) or
+    points outside the repository; pytest's own ``scope="session"`` fixtures are the one exception."""
+    found = []
+    for path in _shipped_text_files():
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for m in PROCESS_WORDS.finditer(line.replace('scope="session"', "")):
+                found.append(f"{path.relative_to(ROOT)}:{n}: {m.group(0)!r}")
+    assert not found, "process words or outside paths:\n" + "\n".join(found)
+
+
+def test_the_words_check_catches_what_it_should():
+    bad = ["as issue 29 asked", "see Issue-4", "a borrowed H200", "in one session", "paper 003 §4",
+           "the reference notes say", "../shared/data/x", "one device call", "15 device-minutes"]
+    good = ['@pytest.fixture(scope="session")'.replace('scope="session"', ""), "LEAF issue #49",
+            "an NVIDIA H200, 2026-11-27", "shared body", "Table 2 of the journal version"]
+    assert all(PROCESS_WORDS.search(s) for s in bad)
+    assert not any(PROCESS_WORDS.search(s) for s in good)

@@ -1,4 +1,4 @@
-"""FedGSP (paper 003): ICG's min-cost-flow assignment and grouping, growth functions, STP against
+"""FedGSP (Zeng et al., DASFAA 2022): ICG's min-cost-flow assignment and grouping, growth functions, STP against
 a hand-rolled chain of local updates, CPD, cost models, the server-optimiser and IDA baselines, and
 the FedGSP outputs."""
 

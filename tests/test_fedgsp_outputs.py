@@ -1,4 +1,4 @@
-"""FedGSP's config block, sweeps and generated tables/figures (paper 003 §4), and its DAG end to end."""
+"""FedGSP's config block, sweeps and generated tables/figures (Zeng et al., DASFAA 2022, §4), and its DAG end to end."""
 
 import copy
 import json

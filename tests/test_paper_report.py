@@ -14,7 +14,7 @@ TABLE2 = ["NoFed", "FedSGD", "FedAvg", "FedDist", "FedDist+WS", "Robust(TKM)", "
 
 def test_paper_tables_are_complete():
     t = paper_tables()
-    journal, conf = t[t["paper"] == "000"], t[t["paper"] == "004"]
+    journal, conf = t[t["paper"] == "journal"], t[t["paper"] == "conference"]
     for ds in ("FEMNIST", "FedCelebA"):
         j = journal[journal["dataset"] == ds]
         assert list(dict.fromkeys(j["method"])) == TABLE2 and len(j) == 4 * len(TABLE2)
@@ -22,13 +22,13 @@ def test_paper_tables_are_complete():
         c = conf[conf["dataset"] == ds]
         assert set(c["method"]) == set(TABLE2) - {"HypoCluster(3)", "FeSEM-MA(3)"} and c["std"].isna().all()
     assert t["value"].between(0, 100).all()
-    assert t.query("paper == '004' and paper_label == 'FedDWS'")["method"].unique().tolist() == ["FedDist+WS"]
+    assert t.query("paper == 'conference' and paper_label == 'FedDWS'")["method"].unique().tolist() == ["FedDist+WS"]
 
 
 def test_journal_and_conference_differ_only_where_the_papers_do():
     t = paper_tables()
     key = ["dataset", "method", "metric"]
-    both = t[t["paper"] == "000"].merge(t[t["paper"] == "004"], on=key, suffixes=("_j", "_c"))
+    both = t[t["paper"] == "journal"].merge(t[t["paper"] == "conference"], on=key, suffixes=("_j", "_c"))
     diff = both[both["value_j"] != both["value_c"]]
     got = {(r.dataset, r.method, r.metric, r.value_j, r.value_c) for r in diff.itertuples()}
     assert got == {
@@ -62,13 +62,13 @@ def test_comparison_matches_by_data_source_and_reports_not_run():
     assert set(cmp[cmp["paper_dataset"] == "FedCelebA"]["status"]) == {"not run"}
     md = to_markdown(cmp)
     assert "## FEMNIST (ours: `leaf_small`)" in md and "## FedCelebA (not run)" in md
-    assert "| FedAvg | 000 | 84.9 ± 2.0 | 80.0 ± 0.5 | -4.9 |" in md
-    assert "| FedDist+WS | 004 (FedDWS) |" in md
+    assert "| FedAvg | journal | 84.9 ± 2.0 | 80.0 ± 0.5 | -4.9 |" in md
+    assert "| FedDist+WS | conference (FedDWS) |" in md
 
 
 def test_comparison_by_dataset_name_without_sources():
     cmp = comparison(ours_table({("celeba", "FeSEM(4)"): (90.0, 70.0, 91.0, 60.0)}))
-    hit = cmp[(cmp["status"] == "ok") & (cmp["paper"] == "000") & (cmp["metric"] == "micro_acc")]
+    hit = cmp[(cmp["status"] == "ok") & (cmp["paper"] == "journal") & (cmp["metric"] == "micro_acc")]
     assert hit[["paper_dataset", "method", "delta"]].values.tolist() == [["FedCelebA", "FeSEM(4)", pytest.approx(90.0 - 93.6)]]
 
 
@@ -88,5 +88,5 @@ def test_paper_configs_run_all_table_rows_with_the_papers_settings(name, table, 
     assert by["FedProx"]["params"]["mu"] == 0.1
     assert by["FeSEM(3)"]["train"]["local_steps"] == 1 and by["FeSEM(3)"]["params"]["restarts"] == 20
     assert by["FeSEM-MA(3)"]["train"]["local_steps"] == 1 and by["FedAvg"]["train"]["local_steps"] is None
-    expected = paper_tables().query(f"paper == '000' and table == '{table}'")["dataset"].unique().tolist()
+    expected = paper_tables().query(f"paper == 'journal' and table == '{table}'")["dataset"].unique().tolist()
     assert expected == ["FEMNIST" if name == "femnist" else "FedCelebA"]

@@ -1,4 +1,4 @@
-"""The issue-29 table (mcfl.report.protocols): hand-checkable numbers on made-up run directories, and
+"""The real-writer protocol table (mcfl.report.protocols): hand-checkable numbers on made-up run directories, and
 the real-writer config's small variant end to end through the workflow."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
+from conftest import real_data
 from mcfl.report.protocols import table, write
 
 ROOT = Path(__file__).resolve().parents[1]
-FEMNIST_SAMPLE = ROOT.parent / "shared" / "data" / "femnist-leaf-sample"
+FEMNIST_SAMPLE, needs_femnist = real_data("femnist-leaf-sample")
 
 
 def fake_run(root: Path, label: str, seed: int, acc: float, hits: list[int] | None = None, **named) -> Path:
@@ -45,7 +46,7 @@ def test_table_numbers_by_hand(tmp_path):
 
     t = table(load(runs), load(paper)).set_index("method")
     fesem, fedavg = t.loc["FeSEM(2)"], t.loc["FedAvg"]
-    assert fedavg["paper_mean"] == 84.9 and fesem["paper_mean"] == 84.8          # FeSEM Table 2 (000)
+    assert fedavg["paper_mean"] == 84.9 and fesem["paper_mean"] == 84.8          # FeSEM Table 2 (journal)
     assert fesem["standard_mean"] == pytest.approx(75.0) and fesem["standard_std"] == pytest.approx(np.std([90, 60], ddof=1))
     assert fesem["v1_mean"] == pytest.approx(72.5)
     assert fesem["paper_protocol_mean"] == pytest.approx(88.0) and fesem["paper_protocol_seeds"] == 1
@@ -93,10 +94,10 @@ def test_a_missing_reference_is_named(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not FEMNIST_SAMPLE.is_dir(), reason=f"no {FEMNIST_SAMPLE}")
+@needs_femnist
 def test_femnist_sample_config_small_variant_end_to_end(tmp_path, cli_env):
     """config/femnist-sample.yaml cut to one seed, FedAvg and FeSEM(2), 2 rounds: the real writers go
-    through prepare, centres, training with every named protocol, the report and the issue-29 table."""
+    through prepare, centres, training with every named protocol, the report and the protocol table."""
     import yaml
 
     from test_workflow import snakemake

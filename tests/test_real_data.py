@@ -1,7 +1,7 @@
 """Real data as sources: ``leaf_json`` on LEAF's own output (plain and gzip, sharded), the embedded
 ``femnist_sample`` runs against the LEAF files they were packed from, CelebA on real faces, and the
-workflow tracking LEAF files. Fixtures: the embedded sample and the project's shared/data folders
-(tests that need a shared folder skip where it is absent, e.g. outside this project's checkouts)."""
+workflow tracking LEAF files. Fixtures: the embedded sample and the real LEAF samples under
+``$MCFL_REAL_DATA`` (tests that need one skip, saying so, where it is absent)."""
 
 import gzip
 import json
@@ -11,20 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, real_data
 from mcfl.cli import main
 from mcfl.config import ConfigError, validate
 from mcfl.data import load, prepare
 from mcfl.data.leaf import DataSourceError
 from test_leaf import assert_same_as_leaf
 
-SHARED = ROOT.parent / "shared" / "data"
-FEMNIST_SAMPLE = SHARED / "femnist-leaf-sample"
-CELEBA_SAMPLE = SHARED / "celeba-sample"
+FEMNIST_SAMPLE, needs_femnist = real_data("femnist-leaf-sample")
+CELEBA_SAMPLE, needs_celeba = real_data("celeba-sample")
 CELEBA_MD5 = ["list_attr_celeba.txt=529fe9c0dbe28fed46cdb09d0a41049d",
               "identity_CelebA.txt=6680ccb280aae94070f56fa3be7e1817"]
-needs_femnist = pytest.mark.skipif(not FEMNIST_SAMPLE.is_dir(), reason=f"no {FEMNIST_SAMPLE}")
-needs_celeba = pytest.mark.skipif(not CELEBA_SAMPLE.is_dir(), reason=f"no {CELEBA_SAMPLE}")
 COUNTS = {"leaf-torch": (105, 14708, 1685), "flic": (110, 14697, 1695)}
 
 
@@ -249,7 +246,7 @@ def test_celeba_sample_config_runs_end_to_end(tmp_path, cli_env):
     from test_workflow import snakemake
 
     cfg = yaml.safe_load((ROOT / "config" / "celeba-sample.yaml").read_text())
-    cfg["datasets"]["celeba_sample"]["prepare"]["origin"] = str(CELEBA_SAMPLE)    # from tmp_path
+    cfg["datasets"]["celeba_sample"]["prepare"]["origin"] = str(CELEBA_SAMPLE)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     r = snakemake(tmp_path, cli_env, "--configfile", str(tmp_path / "c.yaml"))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -81,7 +81,7 @@ class Server:
                "--artifacts-destination", str(self.root / "artifacts"),
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
         log = open(self.root / "server.log", "a")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, process_group=0)
         from mcfl.track import check_server
 
         check_server(self.uri, wait=120)

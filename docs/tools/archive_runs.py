@@ -2,8 +2,8 @@
 predictions.csv, assignments.csv; not state.pt, 76 MB for three FEMNIST CNNs) from a results
 directory to ``docs/results/runs/<results dir>/<dataset>/<run>/seed<s>/``.
 
-Results directories stay out of git and a session's machine is not kept, so a long study's
-finished runs would otherwise be lost with it. The archived runs are what the reports read:
+Results directories stay out of git, so a long study's finished runs would otherwise live only on
+the machine that made them. The archived runs are what the reports read:
 ``mcfl report-protocols --out OUT RUN_DIR ...`` and ``mcfl report-writers`` take run directories,
 so paired comparisons with archived runs need no retraining.
 

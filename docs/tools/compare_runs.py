@@ -1,7 +1,7 @@
-"""Summaries of finished runs and image-by-image comparisons between them, for closing notes and
+"""Summaries of finished runs and image-by-image comparisons between them, for the
 docs/methods pages: final micro / macro accuracy, the round a run first reaches ``--target``
 micro accuracy, its final and lowest test loss, its seconds of training and evaluation (the history's
-time columns, summed over sessions) and its machine; for a pair, the test images only the first and
+time columns, summed over resumed segments) and its machine; for a pair, the test images only the first and
 only the second gets right and the exact two-sided sign test of those counts.
 
     python docs/tools/compare_runs.py results-femnist-sample-fedgsp FedYogi/1 FedYogi/1:FedAvg/1

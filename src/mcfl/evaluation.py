@@ -6,7 +6,7 @@ with no fine-tuning, and the four scores are pooled over clients as :mod:`mcfl.m
 
 **Named protocols** (``train.eval_protocols: {NAME: {...}}``; columns ``NAME/micro_acc`` ...) score
 the same trained model at the same rounds with any of the authors' evaluation choices switched on
-(reference notes ``original-code.md`` §1.3), so one training run is evaluated both ways and each
+(docs/methods/original-code.md, "Evaluation"), so one training run is evaluated both ways and each
 difference can be switched on alone:
 
 * ``clients: active``: only the round's active clients (the authors' V1 code evaluates each round's

@@ -394,7 +394,7 @@ class Plan:
     def fedcg_domain_datasets(self) -> list[str]:
         return sorted({r["dataset"] for r in self.runs.values() if self.dir_of(r) in self.fedcg_domain_runs()})
 
-    # -- real-writer protocol table, writer statistics, publishing (issue 29) ----------------------
+    # -- real-writer protocol table, writer statistics, publishing ----------------------
     @property
     def protocols(self) -> dict:
         """The ``protocols`` block with its fallbacks (reference FedAvg, no paper-protocol results,
@@ -421,7 +421,7 @@ class Plan:
     def publish(self) -> dict:
         return self.config.get("publish") or {}
 
-    # -- FedGSP (paper 003 §4.2) -------------------------------------------------------------------
+    # -- FedGSP (Zeng et al., DASFAA 2022, §4.2) -------------------------------------------------------------------
     @property
     def gsp(self) -> dict:
         return self.config.get("fedgsp", {})

@@ -1,4 +1,4 @@
-# FedGSP's tables and figures (paper 003 §4.2), made when the config has a `fedgsp` block:
+# FedGSP's tables and figures (Zeng et al., DASFAA 2022, §4.2), made when the config has a `fedgsp` block:
 #   cpd      Fig. 3a  CPD box plots of FedAvg / NaiveGSP / NaiveGSP+ICG groupings (data only)
 #   table    Table 1 + Figs. 3b/3c (curves) + Fig. 6 (time and traffic to target), from the config's
 #            runs on `fedgsp.dataset`

@@ -1,4 +1,4 @@
-# FeSEM's Table 2 under the paper's and the standard protocol, beside the paper (issue 29), from every
+# FeSEM's Table 2 under the paper's and the standard protocol, beside the paper, from every
 # run of this config; the paper-protocol config's finished runs fill their column. And what FeSEM's
 # clusters of writers group by (per-writer image statistics). Nothing is added without `protocols`.
 

@@ -13,17 +13,17 @@ from mcfl.algorithms.base import Algorithm
 
 #: config name -> "module:Class" under mcfl.algorithms, in the papers' order
 REGISTRY = {
-    # FeSEM's Table 2 (paper 000)
+    # FeSEM's Table 2 (Long et al., World Wide Web 2022)
     "NoFed": "nofed:NoFed", "FedSGD": "fedsgd:FedSGD", "FedAvg": "fedavg:FedAvg",
     "FedDist": "feddist:FedDist", "FedDWS": "feddist:FedDWS", "Robust": "robust:Robust",
     "FedCluster": "fedcluster:FedCluster", "HypoCluster": "hypocluster:HypoCluster",
     "FedDANE": "feddane:FedDANE", "FedProx": "fedprox:FedProx", "FeSEM": "fesem:FeSEM",
     "FeSEM-MA": "fesem_ma:FeSEMMA",
-    # FedGSP's Table 1 (paper 003)
+    # FedGSP's Table 1 (Zeng et al., DASFAA 2022)
     "FedGSP": "fedgsp:FedGSP", "NaiveGSP": "fedgsp:NaiveGSP", "NaiveGSP+ICG": "fedgsp:NaiveGSPICG",
     "FedAdagrad": "fedopt:FedAdagrad", "FedAdam": "fedopt:FedAdam", "FedYogi": "fedopt:FedYogi",
     "IDA": "ida:IDA", "FedMMD": "fedmmd:FedMMD", "FedFusion": "fedfusion:FedFusion",
-    # FedCG (paper 002)
+    # FedCG (Caldarola et al., CVPR-W 2021)
     "FedCG": "fedcg:FedCG",
 }
 

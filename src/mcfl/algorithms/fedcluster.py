@@ -24,7 +24,7 @@ not the BatchNorm statistics. Sattler et al. assume every member of a cluster ta
 round; with client sampling, members of a splitting cluster that were not sampled join the child
 whose model has the lower loss on their training data (our addition). The FeSEM authors' own
 FedCluster split on the last layer only with another stopping rule and crashed when it recursed
-(reference notes §1.2).
+(docs/methods/original-code.md).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the way towards the average of the local models instead of replacing it:
     FedDWS:   w <- w + epsilon · ( sum_i n_i W_i / sum_i n_i - w )     (mean weighted by data size)
 
 epsilon = 0.6 is the FeSEM authors' code (``server.update_model_dist``, which their experiments
-never called; reference notes §1.2). epsilon = 1 makes FedDWS exactly FedAvg. FeSEM's Table 2 calls
+never called; docs/methods/original-code.md). epsilon = 1 makes FedDWS exactly FedAvg. FeSEM's Table 2 calls
 FedDWS "FedDist+WS".
 """
 

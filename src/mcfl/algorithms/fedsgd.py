@@ -14,7 +14,7 @@ Averaging w_t - eta·g_k over k is the step above exactly; doing it through the 
 BatchNorm running statistics, which a bare gradient would leave at their initial values. With full
 participation and ``fraction = 1`` a round is one full-batch gradient step on the union of all
 clients' data. (The FeSEM authors' FedSGD stepped on each client's first two samples only:
-reference notes §1.2.)
+docs/methods/original-code.md.)
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Dist the squared L2 distance. Each round, for the sampled clients:
    ``weighted`` by sample count, the authors' intent). A centre that receives no client keeps its
    weights.
 
-Switch ``shared: body`` (not in the paper; issue 29's variant): IFCA's weight sharing (Ghosh et al.,
+Switch ``shared: body`` (not in the paper; a variant for the real writers): IFCA's weight sharing (Ghosh et al.,
 NeurIPS 2020, §5: the cluster models share all layers but the last) inside FeSEM. The M-step then
 sets every centre's body (all parameters before the output layer, ``FlatModel.select("head")``) to
 the mean of ALL the round's local models' bodies (plain or weighted as ``mstep``), and only the
@@ -25,7 +25,7 @@ FeSEM's clusters follow no per-writer statistic and each cluster model sees only
 trained on every writer, and leaves the clusters only the label-level head. ``shared: none`` (the
 default) is the paper. K = 1 makes both the same.
 
-Switch ``warmup: R`` (not in the paper; issue 29's other variant): the centres are initialised
+Switch ``warmup: R`` (not in the paper; the other real-writer variant): the centres are initialised
 from later updates instead of the first local models. Rounds 1..R train one model for everyone,
 FeSEM with a single centre (the local update of Eq. 7 from it, the M-step of Eq. 9 over all the
 round's clients; bitwise FeSEM(1)); after round R the server clusters every client's local update

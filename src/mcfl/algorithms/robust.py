@@ -17,7 +17,7 @@ beta-trimmed mean. Run, as the FeSEM authors did, inside FeSEM's round structure
 A trim of 0.5 is the coordinate-wise median. The FeSEM authors' code used median centres
 (``centre_trim: 0.5``), ``trim: 0.2``, last-layer features (``distance: last_layer``), 8 Lloyd
 iterations the first time and 1 after; its aggregation read every client's weights from one shared
-model object, so each "trimmed mean" was the last client's weights (reference notes §1.2). Here
+model object, so each "trimmed mean" was the last client's weights (docs/methods/original-code.md). Here
 both trims default to 0.2, the one beta of Ghosh et al.'s estimator. Initial clusters: FeSEM's
 k-means initialisation on the clients' first local models (Ghosh et al.'s step 1). Memory: the
 round's local models are held at once (clients per round x |W|), as a trimmed mean needs them all.

@@ -10,8 +10,8 @@ the coordinates the E-step uses (all parameters, or the last layer); each centre
 members' full first local models (plain, or sample-weighted like the M-step). The centres are
 therefore distinct whenever the first local models are.
 
-``method="random"`` is the authors' code instead: a random partition of the clients (reference notes
-§1.3), with centres again the means of each part's first local models.
+``method="random"`` is the authors' code instead: a random partition of the clients (docs/methods/
+original-code.md), with centres again the means of each part's first local models.
 
 Memory. k-means needs all m feature vectors at once. At FEMNIST scale (3,550 clients, 6.6M
 parameters) the models themselves would take 94 GB, so the features are a Johnson-Lindenstrauss

@@ -22,7 +22,7 @@ choose hyperparameters on one and confirm on the other.
 This is a sample for real-data tests, examples and studies that fit a CPU: numbers measured on it
 are not the papers' full-FEMNIST numbers (3,550 writers), and reports say so.
 
-Rebuild the embedded files from the LEAF folders (the project's ``shared/data/femnist-leaf-sample``)::
+Rebuild the embedded files from the two LEAF output folders they were packed from::
 
     python -m mcfl.data.femnist_sample SAMPLE_DIR      # SAMPLE_DIR/leaf-torch, SAMPLE_DIR/flic
 """

@@ -151,7 +151,7 @@ def tables(runs: list[dict]) -> dict[str, pd.DataFrame]:
 #: FEMNIST number beside them)
 TABLE5_METHODS = ("FedAvg", "FedProx", "FedCG")
 
-#: Table 5 of paper 002 (accuracy, %): LEAF's full FEMNIST (3,550 writers) and CelebA. FedCG's row is
+#: Table 5 of the FedCG paper (Caldarola et al., CVPR-W 2021) (accuracy, %): LEAF's full FEMNIST (3,550 writers) and CelebA. FedCG's row is
 #: its Table-5 setting (residuals on the last layer, soft test assignment, identity-initialised A);
 #: FedProx's is quoted from the FedProx paper (200 rounds of 10 clients), not run by the authors.
 PAPER_TABLE5 = {("femnist", "FedAvg"): 77.81, ("femnist", "FedCG"): 83.41, ("femnist", "FedProx"): 75.00,

@@ -38,7 +38,7 @@ from mcfl.io import atomic_path, read_run, write_text
 from mcfl.metrics import paired_counts, sign_test_p
 from mcfl.report.format import machine, machines_section, markdown_table, mean_std
 
-#: Table 1 of paper 003 (LEAF's FEMNIST, 368 writers, target 80%): accuracy (%), test loss and
+#: Table 1 of the FedGSP paper (Zeng et al., DASFAA 2022) (LEAF's FEMNIST, 368 writers, target 80%): accuracy (%), test loss and
 #: rounds to the target (None: the paper's ×, never reached). NaiveGSP and NaiveGSP+ICG are not in it.
 PAPER_TABLE1 = {"FedAvg": (80.1, 0.602, 470), "FedProx": (78.7, 0.633, None),
                 "FedMMD": (81.7, 0.587, 336), "FedFusion": (82.4, 0.554, 230), "IDA": (82.0, 0.567, 256),

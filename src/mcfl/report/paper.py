@@ -1,7 +1,7 @@
 """Our results side by side with FeSEM's published tables.
 
 ``paper_tables.csv`` (next to this file) holds every number of the journal version's Tables 2-3
-(paper ``000``, mean ± std) and the conference version's Table 2 (paper ``004``, no std), one row per
+(paper ``journal``, mean ± std) and the conference version's Table 2 (paper ``conference``, no std), one row per
 (paper, dataset, method, metric), in percent, under our run labels (``FedDist+WS``, ``Robust(TKM)``,
 ``FedCluster``, ``FedDane``, ...; ``paper_label`` keeps the paper's own row name).
 
@@ -26,7 +26,7 @@ PAPER_TABLES = Path(__file__).with_name("paper_tables.csv")
 SOURCES = {"femnist": "FEMNIST", "celeba": "FedCelebA"}
 METRICS = ["micro_acc", "micro_f1", "macro_acc", "macro_f1"]
 TITLES = {"micro_acc": "Micro-Acc", "micro_f1": "Micro-F1", "macro_acc": "Macro-Acc", "macro_f1": "Macro-F1"}
-PAPERS = {"000": "journal", "004": "conference"}
+PAPERS = ("journal", "conference")
 
 
 def paper_tables() -> pd.DataFrame:
@@ -85,9 +85,9 @@ def _row(method: str, paper: str, r: pd.DataFrame) -> str:
 
 def to_markdown(cmp: pd.DataFrame) -> str:
     out = ["# Our results beside FeSEM's published tables", "",
-           "Percent; delta = ours - paper (percentage points). Paper 000 = journal version "
-           "(Tables 2-3, mean ± std), 004 = conference version (Table 2). `not run`: we ran no dataset "
-           "from that source.", ""]
+           "Percent; delta = ours - paper (percentage points). journal = Long et al., World Wide Web 2022 "
+           "(Tables 2-3, mean ± std), conference = Xie et al., *Multi-Center Federated Learning*, the "
+           "conference version (Table 2). `not run`: we ran no dataset from that source.", ""]
     head = ["method", "paper"] + [f"{TITLES[m]} {c}" for m in METRICS for c in ("paper", "ours", "Δ")]
     for (pds, dset), g in cmp.groupby(["paper_dataset", "dataset"], sort=False):
         out += [f"## {pds} ({f'ours: `{dset}`' if dset else 'not run'})", "",

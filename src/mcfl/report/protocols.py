@@ -1,4 +1,4 @@
-"""FeSEM's Table 2 under two protocols, side by side with the paper (issue 29's table).
+"""FeSEM's Table 2 under two protocols, side by side with the paper.
 
 One row per method label (config order), in percent micro accuracy (mean ± std over seeds):
 
@@ -69,7 +69,7 @@ def _stats(values: list[float]) -> tuple[float, float]:
 def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg") -> pd.DataFrame:
     """The numbers of the table (one row per method label, config order)."""
     paper = paper_tables()
-    paper = paper[(paper["paper"] == "000") & (paper["dataset"] == "FEMNIST") & (paper["metric"] == METRIC)]
+    paper = paper[(paper["paper"] == "journal") & (paper["dataset"] == "FEMNIST") & (paper["metric"] == METRIC)]
     paper = dict(zip(paper["method"], zip(paper["value"], paper["std"])))
     names = protocol_names(runs)
     ref = {m["seed"]: m for m in runs if m["label"] == reference}
@@ -107,7 +107,7 @@ def _p(p) -> str:
 
 def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -> str:
     ms = lambda r, k: mean_std(r[f"{k}_mean"], r[f"{k}_std"])  # noqa: E731
-    head = ["method", "paper (000, Table 2)", "ours: paper's protocol", "ours: standard",
+    head = ["method", "paper (Table 2)", "ours: paper's protocol", "ours: standard",
             f"Δ vs {reference} (standard)", f"images only this / only {reference}", "sign test p", "seeds"]
     rows = []
     for _, r in t.iterrows():

@@ -12,7 +12,7 @@ Steps, as LEAF's ``data/femnist/preprocess`` and ``data/utils`` scripts take the
    grouped: one client per writer (id = the writer folder, e.g. ``f0000_14``), labelled through the
    by_class image with the same MD5 (an image without one is an error, as in LEAF).
 4. ``leaf_compat``: LEAF's ``group_by_writer.py`` puts the first image of every writer but the
-   first twice (reference notes §1.2). Off by default. LEAF's full FEMNIST (``-s niid --sf 1.0 -k 0
+   first twice (LEAF issue TalwalkarLab/leaf#49). Off by default. LEAF's full FEMNIST (``-s niid --sf 1.0 -k 0
    -t sample``) has 3,597 writers and 817,851 images with the bug (``leaf_compat: true``; users get
    this from LEAF, TalwalkarLab/leaf#49) and 814,255 without it (3,596 fewer: the EMNIST ByClass
    total). LEAF's site quotes an older 3,550 writers / 805,263 images.
