@@ -120,39 +120,3 @@ def test_cases_figure_picks_clients_of_each_cluster(separable, synthetic_store, 
     with pytest.raises(ValueError, match="not those of"):
         cases_figure(store, tmp_path / "a.csv", tmp_path / "bad.png")
 
-
-def test_a_device_run_without_its_state_imports_finished_and_the_figure_refuses_it(digits_store, tmp_path):
-    """docs/tools/import_device_runs.py: a run whose state.pt stayed on the GPU machine becomes a
-    finished run here (all five outputs, so Snakemake does not retrain it) whose state.pt names why it
-    is empty, and Fig. 4 refuses that file by name instead of failing on a missing key."""
-    import importlib.util
-    from pathlib import Path
-
-    from mcfl.report.figures import clusters_figure
-
-    tool = Path(__file__).resolve().parents[1] / "docs" / "tools" / "import_device_runs.py"
-    spec = importlib.util.spec_from_file_location("import_device_runs", tool)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-
-    run = make_run(method="FeSEM", params={"K": 2}, rounds=1)
-    src = tmp_path / "device" / "results-x" / "runs" / "digits" / "FeSEM-K2" / "seed0"
-    train(run, digits_store, src, progress=False)
-    (src / "state.pt").unlink()                                       # too big to bring back
-    m = json.loads((src / "metrics.json").read_text())
-    (src / "metrics.json").write_text(json.dumps({**m, "device": "cuda"}))
-    (tmp_path / "device" / "results-x" / "logs" / "train" / "digits" / "FeSEM-K2").mkdir(parents=True)
-    (tmp_path / "device" / "results-x" / "logs" / "train" / "digits" / "FeSEM-K2" / "seed0.log").write_text("log")
-
-    done = mod.import_runs(tmp_path / "device", tmp_path / "here", device_name="NVIDIA H200")
-    out = tmp_path / "here" / "results-x" / "runs" / "digits" / "FeSEM-K2" / "seed0"
-    assert done == [out]
-    assert {p.name for p in out.iterdir()} == {"metrics.json", "history.csv", "predictions.csv",
-                                               "assignments.csv", "state.pt"}
-    assert json.loads((out / "metrics.json").read_text())["device_name"] == "NVIDIA H200"
-    assert (out / "predictions.csv").read_bytes() == (src / "predictions.csv").read_bytes()
-    assert (tmp_path / "here" / "results-x" / "logs" / "train" / "digits" / "FeSEM-K2" / "seed0.log").is_file()
-    assert "too large" in torch.load(out / "state.pt", weights_only=True)["absent"]
-    with pytest.raises(ValueError, match="state.pt: holds no state .*NVIDIA H200"):
-        clusters_figure(run, digits_store, out / "state.pt", tmp_path / "f.png")
-    assert mod.import_runs(tmp_path / "device", tmp_path / "here") == []      # a finished run is kept

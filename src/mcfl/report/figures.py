@@ -146,8 +146,6 @@ def clusters_figure(run: dict, store: str | Path, state_path: str | Path, out: s
     saved = torch.load(state_path, map_location=fed.device, weights_only=True)
     if not saved:
         raise ValueError(f"{state_path}: holds no state (written for an unclustered run)")
-    if "absent" in saved:       # docs/tools/import_device_runs.py: the state stayed on the device machine
-        raise ValueError(f"{state_path}: holds no state ({saved['absent']})")
     state = algo.load_state(saved)
     assign = np.asarray(algo.assignments(state))
     m = fed.n_clients
