@@ -52,3 +52,28 @@ def test_study_cost_times_every_run_and_adds_up(tmp_path):
     total = re.search(r"Total \(all 2 seeds.*: ([0-9.]+) h \((\d+) min\)", r.stdout)
     assert total, r.stdout
     assert abs(float(total.group(2)) - total_min) <= 1 + 0.1 * len(rows)
+
+
+def test_benchmarks_hold_speed_and_memory_and_every_study_is_listed_and_starts():
+    """benchmarks/ keeps the package's speed and memory scripts; the one-off investigations live in
+    studies/, each listed in its README, and each still finds the benchmarks' helpers (its --help
+    runs: the imports resolve from a checkout)."""
+    studies = sorted(p for p in (ROOT / "studies").glob("*.py"))
+    assert {p.stem for p in studies} >= {"fedmmd_penalty", "fedmmd_select", "ida_weights", "projection"}
+    assert not any((ROOT / "benchmarks" / p.name).exists() for p in studies)
+    readme = (ROOT / "studies" / "README.md").read_text()
+    assert all(f"`{p.name}`" in readme for p in studies)
+    code = ("import runpy, sys\n"
+            "for f in sys.argv[1:]:\n"
+            "    sys.argv = [f, '--help']\n"
+            "    try:\n"
+            "        runpy.run_path(f, run_name='__main__')\n"
+            "    except SystemExit as e:\n"
+            "        assert e.code in (0, None), (f, e.code)\n"
+            "    print('ok', f)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"),
+                                                                     os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-c", code, *map(str, studies)], capture_output=True,
+                       text=True, env=env, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("ok ") == len(studies)

@@ -22,7 +22,7 @@ CountSketch (a sparse JL transform with one nonzero per column: coordinate j add
 to bucket ``h(j)``; Weinberger et al. 2009; Kane & Nelson 2014), with ``h`` and the signs drawn from
 the run's seed (int32 buckets and float signs: 8 bytes per coordinate). ``E||S u||^2 = ||u||^2``,
 and for updates spread over many coordinates the relative error of a squared distance has
-standard deviation about ``sqrt(2/k)`` (3% at k = 2048); ``benchmarks/projection.py`` measures it.
+standard deviation about ``sqrt(2/k)`` (3% at k = 2048); ``studies/projection.py`` measures it.
 One pass over the coordinates per client: a dense Gaussian, or sklearn's ``SparseRandomProjection``
 (k·sqrt(d) nonzeros: 850 MB and 0.13 s per FEMNIST model on one core), costs far more for the same
 guarantee. Distances in the projected space replace the exact ones only for choosing the

@@ -8,16 +8,19 @@ between size and IDA weight, the share of the round's weight that the largest qu
 clients get under IDA and under FedAvg, and IDA's largest / smallest weight; the global model then
 moves by a FedAvg step, so later rounds start from a partly trained model.
 
-    python benchmarks/ida_weights.py --rounds 6
+    python studies/ida_weights.py --rounds 6
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from _common import add_config_args, config_runs, machine, pick_run
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import add_config_args, config_runs, machine, pick_run  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -15,19 +15,21 @@ For m clients' first local models w_i (one local epoch from the common w0), with
 Models: the LEAF FEMNIST CNN (6.6M parameters) on random FEMNIST-shaped data, and the default
 config's digits_cnn on the real digits store (4 rotation clusters).
 
-    python benchmarks/projection.py
+    python studies/projection.py
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from _common import fake_store, machine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import fake_store, machine  # noqa: E402
 
 
 def first_updates(fed) -> torch.Tensor:

@@ -10,10 +10,10 @@ samples, and the mean squared distance between samples (the scale the widths fol
 the algorithm's own local loss and the engine's SGD step; the engine's trainers do not expose the
 two terms' gradients separately, hence the loop here.
 
-    python benchmarks/fedmmd_penalty.py                       # from the initial model
-    python benchmarks/fedmmd_penalty.py --lam 0.1 --checkpoint results-femnist-sample-fedgsp/fedmmd-lam0.1/seed0.pt
+    python studies/fedmmd_penalty.py                       # from the initial model
+    python studies/fedmmd_penalty.py --lam 0.1 --checkpoint results-femnist-sample-fedgsp/fedmmd-lam0.1/seed0.pt
 
-(The config's FedMMD weight is now 0.01, chosen by benchmarks/fedmmd_select.py; the documented figures
+(The config's FedMMD weight is now 0.01, chosen by studies/fedmmd_select.py; the documented figures
 are of the first choice, 0.1: pass ``--lam 0.1`` to repeat them. The config's run no longer resumes
 from a lam 0.1 checkpoint, so the one of seed 0 is kept under the name above.)
 """
@@ -21,11 +21,13 @@ from a lam 0.1 checkpoint, so the one of seed 0 is kept under the name above.)
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 
-from _common import add_config_args, config_runs, machine, pick_run
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import add_config_args, config_runs, machine, pick_run  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -8,17 +8,20 @@ the candidate with the lowest global training loss at round R, among lam > 0 (la
 printed for reference). The test split is not read. Every candidate uses the config's seed, client
 stream and start model, so the rows differ only in lam.
 
-    python benchmarks/fedmmd_select.py --lams 0,0.1,0.01,0.001 --rounds 30 --every 5
+    python studies/fedmmd_select.py --lams 0,0.1,0.01,0.001 --rounds 30 --every 5
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from _common import add_config_args, config_runs, machine, pick_run
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import add_config_args, config_runs, machine, pick_run  # noqa: E402
 
 
 def train_loss(fed, w: torch.Tensor) -> float:
