@@ -4,7 +4,8 @@
 # and three for the documentation site (docs/, mkdocs.yml):
 #   make docs        build it into site/ (MkDocs, strict: any warning fails)
 #   make docs-check  open every built page in headless Chromium: pages load, figures render, links resolve
-#   make docs-results  copy the DAG's tables and figures (results/) into docs/ and the README's table
+#   make docs-results  copy the DAG's tables and figures (results/, and each study's results-*/docs/)
+#                      into docs/ and the README's table
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -56,8 +57,9 @@ docs-check: docs
 docs-serve: setup
 	$(BIN)/mkdocs serve
 
-# After `make reproduce`: the DAG's tables and figures into docs/results/, docs/figures/ and the
-# README's short table (docs/tools/sync_results.py says what goes where).
+# After `make reproduce` (and any study): the DAG's tables and figures into docs/results/,
+# docs/figures/ and the README's short table; each study's results-*/docs/ the same way
+# (docs/tools/sync_results.py says what goes where).
 docs-results: setup
 	$(BIN)/python docs/tools/sync_results.py --results results
 

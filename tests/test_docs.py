@@ -51,6 +51,31 @@ def test_readme_table_is_the_dags(tmp_path):
     assert "<!-- results-table:start -->" in readme and "<!-- results-table:end -->" in readme
 
 
+
+def test_docs_results_copies_each_studys_pages_and_figures_to_their_repository_paths(tmp_path):
+    """`make docs-results`: a study's results-*/docs/ (its protocol table, published page and the
+    page's figures) lands at the same paths under docs/, unchanged, so the page's relative figure
+    links still resolve; files the study did not write are left alone."""
+    sync = _load("sync_results")
+    study = tmp_path / "results-x" / "docs"
+    (study / "results").mkdir(parents=True)
+    (study / "figures" / "dag" / "page").mkdir(parents=True)
+    (study / "results" / "page.md").write_text("# P\n\n![a](../figures/dag/page/a.png)\n")
+    (study / "results" / "t.csv").write_text("method\nFedAvg\n")
+    (study / "figures" / "dag" / "page" / "a.png").write_bytes(b"png")
+    root = tmp_path / "repo"
+    (root / "docs" / "results").mkdir(parents=True)
+    (root / "docs" / "results" / "other.md").write_text("kept")
+    written = sync.copy_study(tmp_path / "results-x", root)
+    assert sorted(p.relative_to(root).as_posix() for p in written) == [
+        "docs/figures/dag/page/a.png", "docs/results/page.md", "docs/results/t.csv"]
+    page = root / "docs" / "results" / "page.md"
+    assert page.read_text() == (study / "results" / "page.md").read_text()
+    assert (page.parent / "../figures/dag/page/a.png").resolve().read_bytes() == b"png"
+    assert (root / "docs" / "results" / "other.md").read_text() == "kept"
+    assert sync.copy_study(tmp_path / "nothing", root) == []
+
+
 def test_include_hook(tmp_path):
     """Included results files: headings demoted, relative links rebased to the including page,
     an optional include of a missing file leaves a note, a required one fails the build."""
@@ -188,7 +213,7 @@ def _shipped_text_files():
     for d in WORD_DIRS:
         for path in sorted((ROOT / d).rglob("*")):
             if path.suffix in {".md", ".py", ".yaml", ".yml", ".sh", ".smk", ".csv", ".txt"} \
-                    and "results/runs" not in path.as_posix() and path != Path(__file__).resolve():
+                    and "results/archived-runs" not in path.as_posix() and path != Path(__file__).resolve():
                 yield path
     yield from (ROOT / f for f in WORD_FILES if (ROOT / f).is_file())
 

@@ -236,9 +236,12 @@ def test_fedgsp_rules_run_in_the_dag(tmp_path, cli_env):
               "heatmap.png", "heatmap.csv", "kappa.png", "kappa.csv"):
         assert (out / f).stat().st_size > 0, f
     assert pd.read_csv(out / "table.csv")["method"].tolist() == ["FedAvg", "FedGSP"]
-    page = (tmp_path / "docs" / "results" / "gsp.md").read_text()
+    # the page is written inside the results directory; nothing under the project's docs/
+    assert not (tmp_path / "docs").exists()
+    page = (tmp_path / "results" / "docs" / "results" / "gsp.md").read_text()
     assert page.startswith("# GSP") and "| FedGSP |" in page and "2 runs on cpu" in page
     for f in ("cpd.png", "curves.png", "cost.png"):
-        assert f"](../figures/dag/gsp/{f})" in page and (tmp_path / "docs" / "figures" / "dag" / "gsp" / f).is_file()
+        assert f"](../figures/dag/gsp/{f})" in page
+        assert (tmp_path / "results" / "docs" / "figures" / "dag" / "gsp" / f).is_file()
     # 2 main runs + 1 new heatmap cell + 1 new kappa value (the others reuse the FedGSP run)
     assert len(list(Path(tmp_path / "results" / "runs" / "a").glob("*/seed0/metrics.json"))) == 4

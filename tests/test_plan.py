@@ -186,3 +186,20 @@ def test_seeds_per_job_groups_the_runs_every_seed_has(default_plan):
     assert args[args.index("--out") + 1] == "results/runs/digits/FeSEM-K2/seed0"
     assert [json.loads(args[i + 1])["seed"] for i, a in enumerate(args) if a == "--run"] == [0, 1, 2]
     assert args[-1] == inputs["centres2"]
+
+
+def test_study_tables_and_pages_are_written_inside_the_results_directory():
+    """`protocols`, `publish` and `fedgsp.publish` name a repository path (docs/results/NAME); the
+    DAG writes it under the results directory, so a run never touches the tracked docs/
+    (`make docs-results` copies <results>/docs/ there)."""
+    p = Plan(_config(results="res", protocols={"out": "docs/results/t"},
+                     publish={"out": "docs/results/page", "title": "T"}))
+    assert p.protocols["out"] == "res/docs/results/t" and p.publish["out"] == "res/docs/results/page"
+    targets = p.targets()
+    assert "res/docs/results/t.csv" in targets and "res/docs/results/t.md" in targets
+    assert "res/docs/results/page.md" in targets
+    assert all(t.startswith("res/") for t in targets), [t for t in targets if not t.startswith("res/")]
+    gsp = Plan(_config(results="res", fedgsp={**read_yaml(ROOT / "config" / "config.yaml")["fedgsp"],
+                                              "publish": {"out": "./docs/results/g", "title": "G"}}))
+    assert gsp.gsp["publish"]["out"] == "res/docs/results/g"
+    assert "res/docs/results/g.md" in gsp.targets()

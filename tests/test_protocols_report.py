@@ -112,7 +112,7 @@ def test_femnist_sample_config_small_variant_end_to_end(tmp_path, cli_env):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     r = snakemake(tmp_path, cli_env, "--configfile", str(tmp_path / "c.yaml"))
     assert r.returncode == 0, r.stderr[-3000:]
-    t = pd.read_csv(tmp_path / "tables" / "femnist-sample.csv")
+    t = pd.read_csv(tmp_path / "results-femnist-sample" / "tables" / "femnist-sample.csv")
     assert t["method"].tolist() == ["FedAvg", "FeSEM(2)"]
     for col in ("standard_mean", "v1_mean", "v2_mean", "active_mean", "finetune_mean", "cluster_mean_mean"):
         assert t[col].between(0, 100).all(), col
@@ -120,9 +120,9 @@ def test_femnist_sample_config_small_variant_end_to_end(tmp_path, cli_env):
                              / "seed0" / "predictions.csv"))
     assert n_test == 1685                                          # every test image of the 105 writers
     assert t.loc[1, "only_this"] + t.loc[1, "only_ref"] <= n_test
-    md = (tmp_path / "tables" / "femnist-sample.md").read_text()
+    md = (tmp_path / "results-femnist-sample" / "tables" / "femnist-sample.md").read_text()
     assert "not run" in md and md.startswith("# Two methods, two rounds\n")      # protocols.title
-    clusters = pd.read_csv(tmp_path / "tables" / "femnist-sample-clusters.csv")
+    clusters = pd.read_csv(tmp_path / "results-femnist-sample" / "tables" / "femnist-sample-clusters.csv")
     assert set(clusters["label"]) == {"FeSEM(2)"} and clusters["eta2"].between(0, 1).all()
 
 

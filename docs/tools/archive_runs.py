@@ -1,6 +1,6 @@
 """Keep a study's finished runs in git: copy each run's small outputs (metrics.json, history.csv,
 predictions.csv, assignments.csv; not state.pt, 76 MB for three FEMNIST CNNs) from a results
-directory to ``docs/results/runs/<results dir>/<dataset>/<run>/seed<s>/``.
+directory to ``docs/results/archived-runs/<results dir>/<dataset>/<run>/seed<s>/``.
 
 Results directories stay out of git, so a long study's finished runs would otherwise live only on
 the machine that made them. The archived runs are what the reports read:
@@ -15,8 +15,9 @@ restored runs have no state.pt, so let Snakemake use only the report rules, whic
 restored metrics.json files as given, e.g.
 
     python docs/tools/archive_runs.py --restore results-femnist-sample-fedgsp
-    snakemake docs/results/femnist-sample-fedgsp.md --cores 1 --configfile config/femnist-sample-fedgsp.yaml \
-        --allowed-rules prepare fedgsp_cpd fedgsp_table fedgsp_publish
+    snakemake results-femnist-sample-fedgsp/docs/results/femnist-sample-fedgsp.md --cores 1 \
+        --configfile config/femnist-sample-fedgsp.yaml --allowed-rules prepare fedgsp_cpd fedgsp_table fedgsp_publish
+    make docs-results        # the page and its figures into docs/
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def archive(results: Path, dest: Path) -> list[Path]:
 
 
 def restore(kept: Path, results: Path) -> list[Path]:
-    """Copy the archived runs under ``kept`` (``docs/results/runs/<results dir>``) back into
+    """Copy the archived runs under ``kept`` (``docs/results/archived-runs/<results dir>``) back into
     ``results/runs/``; a run directory that already exists there is skipped, never overwritten.
     Each run is copied beside its place and renamed into it, so an interrupted restore leaves no
     half-copied run that a later restore would skip."""
@@ -68,7 +69,7 @@ def main(argv: list[str]) -> int:
     if argv[0] == "--restore":
         for d in argv[1:]:
             results = Path(d)
-            kept = ROOT / "docs" / "results" / "runs" / results.name
+            kept = ROOT / "docs" / "results" / "archived-runs" / results.name
             if not kept.is_dir():
                 print(f"{kept}: no archived runs for {results.name}", file=sys.stderr)
                 return 1
@@ -80,7 +81,7 @@ def main(argv: list[str]) -> int:
         if not (results / "runs").is_dir():
             print(f"{results}: no runs/ folder (not a results directory)", file=sys.stderr)
             return 1
-        for out in archive(results, ROOT / "docs" / "results" / "runs"):
+        for out in archive(results, ROOT / "docs" / "results" / "archived-runs"):
             print(out.relative_to(ROOT))
     return 0
 

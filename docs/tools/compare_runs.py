@@ -8,7 +8,7 @@ only the second gets right and the exact two-sided sign test of those counts.
 
 A run is ``RUN/SEED`` (``RUN:SEED`` is a pair's separator, so ``A/1:B/1`` compares A seed 1 with B
 seed 1). It is read from ``RESULTS/runs/DATASET/RUN/seedSEED`` or, when not there, from its archive
-``docs/results/runs/RESULTS/DATASET/...`` (docs/tools/archive_runs.py).
+``docs/results/archived-runs/RESULTS/DATASET/...`` (docs/tools/archive_runs.py).
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ def run_dir(results: Path, dataset: str, spec: str) -> Path:
     run, _, seed = spec.rpartition("/")
     if not run or not seed.isdigit():
         raise SystemExit(f"{spec!r}: expected RUN/SEED, for example FedAvg/0")
-    for base in (results / "runs", ROOT / "docs" / "results" / "runs" / results.name):
+    for base in (results / "runs", ROOT / "docs" / "results" / "archived-runs" / results.name):
         d = base / dataset / run / f"seed{seed}"
         if (d / "metrics.json").exists():
             return d
     raise SystemExit(f"{spec}: no finished run (metrics.json) under {results / 'runs' / dataset} "
-                     f"or its archive in docs/results/runs/{results.name}")
+                     f"or its archive in docs/results/archived-runs/{results.name}")
 
 
 def summary(d: Path, target: float) -> str:

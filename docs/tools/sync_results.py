@@ -15,6 +15,15 @@ revision, on which machine):
 It also rewrites the README's short table (between ``<!-- results-table:start -->`` and
 ``<!-- results-table:end -->``) from ``results/table.md``: the rows of README_ROWS.
 
+The studies' tables and pages (a config's ``protocols`` and ``publish`` blocks) are written by the
+DAG inside their results directories, at the repository path the config names, under ``docs/``:
+
+    results-<study>/docs/results/*.md, *.csv  -> docs/results/
+    results-<study>/docs/figures/dag/<page>/  -> docs/figures/dag/<page>/
+
+Every ``results-*/docs/`` folder is copied, unchanged, unless ``--studies`` names the results
+directories to copy (``--studies`` with none: only the default configuration's).
+
 Usage: ``python docs/tools/sync_results.py --results results`` (from the repository root).
 """
 from __future__ import annotations
@@ -101,13 +110,39 @@ def update_readme(table_md: Path, results: Path) -> None:
     print(f"{table_md} -> README.md (short table)")
 
 
+def copy_study(results: Path, root: Path = ROOT) -> list[Path]:
+    """Copy what a study's DAG wrote for the documentation (``results/docs/``) to the same paths under
+    ``root``, unchanged; returns the files written. Files there that the study did not write stay."""
+    src = results / "docs"
+    written = []
+    for f in sorted(p for p in src.rglob("*") if p.is_file()):
+        dst = root / "docs" / f.relative_to(src)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dst)
+        written.append(dst)
+    if written:
+        print(f"{src}/ -> {(root / 'docs').relative_to(root) if root == ROOT else root / 'docs'}/ "
+              f"({len(written)} files)")
+    return written
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default="results", type=Path, help="the DAG's results directory")
+    ap.add_argument("--studies", nargs="*", type=Path, default=None,
+                    help="the studies' results directories whose docs/ to copy (default: every results-*/ with one)")
     ap.add_argument("--no-readme", action="store_true", help="leave the README's table alone")
     a = ap.parse_args()
+    studies = a.studies if a.studies is not None else sorted(p.parent for p in ROOT.glob("results-*/docs"))
+    for s in studies:
+        if not (s / "docs").is_dir():
+            raise SystemExit(f"{s}/docs not found: run that study's DAG first (snakemake --configfile ...)")
+        copy_study(s.resolve())
     res = a.results.resolve()
     if not (res / "table.md").exists():
+        if studies:
+            print(f"{res}/table.md not found: the default configuration's tables are left as they are")
+            return
         raise SystemExit(f"{res}/table.md not found: run `make reproduce` first")
     out, fig = DOCS / "results", DOCS / "figures" / "dag"
     out.mkdir(parents=True, exist_ok=True)

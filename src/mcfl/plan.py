@@ -400,7 +400,13 @@ class Plan:
         """The ``protocols`` block with its fallbacks (reference FedAvg, no paper-protocol results,
         the default title), or ``{}`` when the config has none."""
         p = self.config.get("protocols") or {}
-        return {"reference": "FedAvg", "paper_results": "", "title": "", **p} if p else {}
+        return {"reference": "FedAvg", "paper_results": "", "title": "", **p, "out": self.page(p["out"])} if p else {}
+
+    def page(self, out: str) -> str:
+        """Where the DAG writes a table or page the documentation shows: inside the results directory,
+        at the repository path the config names (``out: docs/results/NAME`` ->
+        ``<results>/docs/results/NAME``); ``make docs-results`` copies ``<results>/docs/`` into ``docs/``."""
+        return self.res(out.removeprefix("./"))
 
     @staticmethod
     def option(flag: str, value: str) -> list[str]:
@@ -419,12 +425,16 @@ class Plan:
 
     @property
     def publish(self) -> dict:
-        return self.config.get("publish") or {}
+        p = self.config.get("publish") or {}
+        return {**p, "out": self.page(p["out"])} if p else {}
 
     # -- FedGSP (Zeng et al., DASFAA 2022, §4.2) -------------------------------------------------------------------
     @property
     def gsp(self) -> dict:
-        return self.config.get("fedgsp", {})
+        g = self.config.get("fedgsp", {})
+        if g.get("publish"):
+            g = {**g, "publish": {**g["publish"], "out": self.page(g["publish"]["out"])}}
+        return g
 
     def gsp_out(self, name: str) -> str:
         return self.res(f"fedgsp/{self.gsp['dataset']}/{name}")

@@ -1,6 +1,7 @@
 # FeSEM's Table 2 under the paper's and the standard protocol, beside the paper, from every
 # run of this config; the paper-protocol config's finished runs fill their column. And what FeSEM's
 # clusters of writers group by (per-writer image statistics). Nothing is added without `protocols`.
+# Written inside the results directory (<results>/docs/...); `make docs-results` copies them into docs/.
 
 if P.protocols:
 

@@ -1,4 +1,5 @@
-# The report copied into the documentation with its provenance (`publish:`; mcfl.report.publish).
+# The report as a documentation page with its provenance (`publish:`; mcfl.report.publish), written
+# inside the results directory (<results>/docs/...); `make docs-results` copies it into docs/.
 
 if P.publish:
 

@@ -1,10 +1,11 @@
 """Copy a config's report into the documentation, with where and how it was made (``publish:``).
 
 ``publish: {out: docs/results/NAME}`` in a config adds the workflow rule ``publish``: after the
-report, ``NAME.md`` gets a provenance line (when, how many runs, on which device, torch, CPU kernels,
-git revision, and the machine), the report's ``table.md`` and every figure of ``RES/figures/``
-(copied to ``docs/figures/dag/NAME/``, linked from the page). The documentation includes ``NAME.md``;
-nothing is retyped.
+report, ``RES/docs/results/NAME.md`` (inside the results directory ``RES``) gets a provenance line
+(when, how many runs, on which device, torch, CPU kernels, git revision, and the machine), the
+report's ``table.md`` and every figure of ``RES/figures/`` (copied to ``RES/docs/figures/dag/NAME/``,
+linked from the page). ``make docs-results`` copies ``RES/docs/`` into the repository's ``docs/``,
+which includes ``NAME.md``; nothing is retyped.
 """
 
 from __future__ import annotations
