@@ -69,7 +69,7 @@ def test_defaults_are_filled_and_runs_expanded():
     assert all(r["params"]["shared"] == "body" for r in variant)
     runs = [r for r in runs if r not in variant]
     labels = list(dict.fromkeys(r["label"] for r in runs))
-    table2 = list(dict.fromkeys(paper_tables().query("paper == '000'")["method"]))
+    table2 = list(dict.fromkeys(paper_tables().query("paper == 'journal'")["method"]))
     assert labels == table2                                   # FeSEM's Table 2 rows, in its order
     assert len(runs) == 2 * len(table2) * len(cfg["seeds"])
     fesem4 = next(r for r in runs if r["label"] == "FeSEM(4)")
