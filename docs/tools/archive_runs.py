@@ -15,7 +15,7 @@ restored runs have no state.pt, so let Snakemake use only the report rules, whic
 restored metrics.json files as given, e.g.
 
     python docs/tools/archive_runs.py --restore results-femnist-sample-fedgsp
-    snakemake docs/results/femnist-sample-fedgsp.md --cores 1 --configfile config/femnist-sample-fedgsp.yaml \
+    snakemake docs/results/femnist-sample-fedgsp.md --cores 1 --configfile config/femnist-sample.yaml config/femnist-sample/fedgsp.yaml \
         --allowed-rules prepare fedgsp_cpd fedgsp_table fedgsp_publish
 """
 

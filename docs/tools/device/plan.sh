@@ -25,10 +25,10 @@ dry() {   # dry.txt of a config's missing runs (optionally only TARGETS)
   local need; need=$(python docs/tools/device/jobs.py "$out" --out .devrun/jobs --centres-needed)
   [ -z "$need" ] || snakemake $need -f -n -p --cores 1 --rerun-triggers mtime --configfile "$cfg" >> "$out" 2>&1
 }
-dry config/femnist-sample-fedgsp.yaml .devrun/dry-1-fedgsp.txt
-dry config/femnist-sample-fedcg.yaml .devrun/dry-2-fedcg.txt
+dry config/femnist-sample/fedgsp.yaml .devrun/dry-1-fedgsp.txt
+dry config/femnist-sample/fedcg.yaml .devrun/dry-2-fedcg.txt
 dry config/femnist-sample.yaml .devrun/dry-3-standard.txt
-dry config/femnist-sample-paper.yaml .devrun/dry-4-paper.txt
+dry config/femnist-sample/paper.yaml .devrun/dry-4-paper.txt
 G=results-femnist-sample-fedgsp
 missing() { [ ! -f "$G/runs/femnist_sample/$1/seed$2/metrics.json" ] \
               && [ ! -f "docs/results/runs/$G/femnist_sample/$1/seed$2/metrics.json" ]; }
