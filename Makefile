@@ -32,9 +32,23 @@ reproduce: setup
 
 # The studies beside `make reproduce` (the real-writer ones: hours on a CPU, resumable: run again to
 # continue; a job killed mid-run resumes from its checkpoint, hence --rerun-incomplete; after a killed
-# Snakemake, `.venv/bin/snakemake --unlock --configfile config/<study>.yaml` first: docs/reliability.md)
-femnist-sample femnist-sample-paper femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg femnist-flic femnist-sample-variants femnist-sample-switches femnist-sample-h248 fesem-digits-variants: setup
-	$(BIN)/snakemake --cores $(CORES) --rerun-incomplete --configfile config/$@.yaml
+# Snakemake, `.venv/bin/snakemake --unlock --configfile ...` first: docs/reliability.md). Each is
+# config/femnist-sample.yaml (FeSEM's Table 2 on the embedded writers) or that base with one overlay
+# of config/femnist-sample/ merged over it; fesem-digits-variants is a config of its own.
+SNAKE_STUDY := $(BIN)/snakemake --cores $(CORES) --rerun-incomplete --configfile
+FEMNIST_OVERLAYS := paper tune fedgsp fedcg variants switches h248
+
+femnist-sample: setup
+	$(SNAKE_STUDY) config/femnist-sample.yaml
+
+$(FEMNIST_OVERLAYS:%=femnist-sample-%): femnist-sample-%: setup
+	$(SNAKE_STUDY) config/femnist-sample.yaml config/femnist-sample/$*.yaml
+
+femnist-flic: setup
+	$(SNAKE_STUDY) config/femnist-sample.yaml config/femnist-sample/flic.yaml
+
+fesem-digits-variants: setup
+	$(SNAKE_STUDY) config/fesem-digits-variants.yaml
 
 dry-run: setup
 	$(BIN)/snakemake -n --cores $(CORES) --configfile config/config.yaml
@@ -75,7 +89,7 @@ lock: setup
 .PHONY: lint
 lint: setup
 	$(BIN)/snakefmt --check .
-	.ci/lint-snakemake config/config.yaml config/femnist-sample-fedgsp.yaml config/femnist-sample.yaml
+	.ci/lint-snakemake config/config.yaml config/femnist-sample/fedgsp.yaml config/femnist-sample.yaml
 
 clean:
 	rm -rf results logs .snakemake mlflow.db mlflow.db.*.lock mlartifacts report.html site

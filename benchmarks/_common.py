@@ -75,13 +75,13 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def config_runs(config: Path, store: Path):
+def config_runs(config: list[Path], store: Path):
     """The runs of ``config``'s first seed by run id, and the prepared store they train on (made
     from the config's ``prepare`` block of their dataset if ``store`` does not exist yet)."""
     from mcfl.config import expand_runs, load_config
     from mcfl.data import load, prepare
 
-    cfg = load_config(config)
+    cfg = load_config(*config)
     runs = {r["run_id"]: r for r in expand_runs(cfg) if r["seed"] == cfg["seeds"][0]}
     if not store.exists():
         prep = dict(cfg["datasets"][next(iter(runs.values()))["dataset"]]["prepare"])
@@ -89,16 +89,18 @@ def config_runs(config: Path, store: Path):
     return runs, load(store)
 
 
-def add_config_args(ap, config: str = "femnist-sample-fedgsp.yaml", store: str = "femnist_sample") -> None:
+def add_config_args(ap, config: tuple[str, ...] = ("femnist-sample.yaml", "femnist-sample/fedgsp.yaml"),
+                    store: str = "femnist_sample") -> None:
     """--config, --store and --threads, for the scripts that time or probe a config's runs."""
-    ap.add_argument("--config", type=Path, default=ROOT / "config" / config)
+    ap.add_argument("--config", type=Path, nargs="+", default=[ROOT / "config" / c for c in config],
+                    help="a config file and any overlays merged over it, in order")
     ap.add_argument("--store", type=Path, default=ROOT / "data" / store,
                     help="the prepared store (made from the config's prepare block if absent)")
     ap.add_argument("--threads", type=int, default=1)
 
 
-def pick_run(runs: dict, run_id: str, config: Path) -> dict:
+def pick_run(runs: dict, run_id: str, config: list[Path]) -> dict:
     """``runs[run_id]``, or an exit naming the config and the run ids it has."""
     if run_id not in runs:
-        raise SystemExit(f"{config}: no run {run_id!r}; there are: {', '.join(sorted(runs))}")
+        raise SystemExit(f"{' + '.join(map(str, config))}: no run {run_id!r}; there are: {', '.join(sorted(runs))}")
     return runs[run_id]

@@ -1,4 +1,4 @@
-"""Seconds per round of the GSP rows of config/femnist-sample-fedgsp.yaml (FedGSP's Table 1 on the
+"""Seconds per round of the GSP rows of config/femnist-sample/fedgsp.yaml (FedGSP's Table 1 on the
 105 real writers) under the sequential and the batched executor, at chosen round numbers.
 
 A GSP round trains a chain of clients inside each sampled group; the groups are independent, and
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     runs, data = config_runs(a.config, a.store)
-    print(f"# seconds per round, {a.config.name}, store {a.store.name}; median of {a.repeats}, executors interleaved")
+    print(f"# seconds per round, {a.config[-1].name}, store {a.store.name}; median of {a.repeats}, executors interleaved")
     print(f"# {machine(torch.device('cpu'))}")
     print("| method | round | groups trained x longest chain | sequential s | batched s | seq / batched | max abs diff |")
     print("|---|---|---|---|---|---|---|", flush=True)

@@ -13,7 +13,7 @@ and the config's total over all seeds (the runs of other seeds cost the same). D
 process start-up (~4 s a job) and reports are not counted.
 
     python benchmarks/study_cost.py config/femnist-sample.yaml
-    python benchmarks/study_cost.py config/femnist-sample-paper.yaml --device cuda --methods FedAvg,FeSEM-K4
+    python benchmarks/study_cost.py config/femnist-sample/paper.yaml --device cuda --methods FedAvg,FeSEM-K4
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """How strongly FedMMD's penalty pulls during local training on the real writers of
-config/femnist-sample-fedgsp.yaml: the gradient norm of the cross-entropy against that of
+config/femnist-sample/fedgsp.yaml: the gradient norm of the cross-entropy against that of
 lam · MMD², step by step, for one client training from a given global model.
 
 FedMMD's kernel widths follow the minibatch's own spread (mcfl.algorithms.fedmmd): the penalty
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         gs = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
         return float(torch.sqrt(sum(x.double().square().sum() for x in gs if x is not None)))
 
-    print(f"# FedMMD's penalty during local training, {a.config.name}, run {a.run} (lam {lam}, lr {lr}, "
+    print(f"# FedMMD's penalty during local training, {a.config[-1].name}, run {a.run} (lam {lam}, lr {lr}, "
           f"batch {bs}); start: {label}")
     print(f"# {machine(torch.device('cpu'))}")
     pool = torch.cat([dev.client_rows(int(c)) for c in fed.clients(a.round)])

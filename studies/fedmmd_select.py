@@ -1,4 +1,4 @@
-"""Choose FedMMD's penalty weight ``lam`` for config/femnist-sample-fedgsp.yaml on TRAINING data only:
+"""Choose FedMMD's penalty weight ``lam`` for config/femnist-sample/fedgsp.yaml on TRAINING data only:
 for each candidate, train the config's FedMMD run for R rounds and print the global model's
 cross-entropy on the whole training split of all writers (the federated objective) every few rounds.
 
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     if bad:
         raise SystemExit(f"--lams: weights must be >= 0, got {', '.join(map(str, bad))}")
     marks = sorted({r for r in range(a.every, a.rounds + 1, a.every)} | {a.rounds})
-    print(f"# FedMMD's weight chosen on the global training loss, {a.config.name}, run {a.run}, "
+    print(f"# FedMMD's weight chosen on the global training loss, {a.config[-1].name}, run {a.run}, "
           f"seed {run['seed']}, {a.rounds} rounds (test split not read)")
     print(f"# {machine(torch.device('cpu'))}, {a.threads} thread(s)")
     print("| lam | " + " | ".join(f"round {r}" for r in marks) + " | s |")

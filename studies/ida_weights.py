@@ -1,5 +1,5 @@
 """How IDA's aggregation weights relate to the clients' training-set sizes on the real writers of
-config/femnist-sample-fedgsp.yaml (FedGSP's Table 1), against FedAvg's size-proportional weights.
+config/femnist-sample/fedgsp.yaml (FedGSP's Table 1), against FedAvg's size-proportional weights.
 
 IDA (mcfl.algorithms.ida) weights each local model by the inverse of its distance to the round's
 plain average, ignoring how much data the client holds; FedAvg weights by size. For rounds 1..R the
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     runs, data = config_runs(a.config, a.store)
     run = pick_run(runs, a.run, a.config)
     fed = build_federation(data, run["model"], TrainSpec.of(run["train"]), run["seed"], torch.device("cpu"))
-    print(f"# IDA weights against training-set sizes, {a.config.name}, run {a.run}, seed {run['seed']}")
+    print(f"# IDA weights against training-set sizes, {a.config[-1].name}, run {a.run}, seed {run['seed']}")
     print(f"# {machine(torch.device('cpu'))}")
     print("| round | clients | sizes | Spearman(size, IDA weight) | p | largest quarter: IDA share "
           "| FedAvg share | IDA max / min |")

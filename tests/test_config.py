@@ -112,21 +112,56 @@ def test_runs_that_compute_the_same_centres_share_one_init_file():
     assert key["A(auto)"] == "A-Kauto"
 
 
-def _merged(base: dict, over: dict) -> dict:
-    """Snakemake's merge of a second --configfile over the first (nested mappings update)."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+def _shipped_configs() -> list[tuple[str, ...]]:
+    """Every shipped config as the workflow is given it: a whole config alone; an overlay of
+    ``config/`` (no ``methods``) over the default; ``config/NAME/X.yaml`` over ``config/NAME.yaml``."""
+    out = []
+    for p in sorted((ROOT / "config").glob("*.yaml")):
+        whole = "methods" in (yaml.safe_load(p.read_text()) or {})
+        out.append((p.name,) if whole else ("config.yaml", p.name))
+    for p in sorted((ROOT / "config").glob("*/*.yaml")):
+        out.append((f"{p.parent.name}.yaml", f"{p.parent.name}/{p.name}"))
     return out
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "config").glob("*.yaml")))
-def test_every_shipped_config_is_valid(name):
-    """Each config file validates: a whole config alone, an overlay (no `methods`) over the default."""
-    cfg = yaml.safe_load((ROOT / "config" / name).read_text())
-    if "methods" not in cfg:
-        cfg = _merged(default_config(), cfg)
-    validate(cfg, name)
+@pytest.mark.parametrize("names", _shipped_configs(), ids=" + ".join)
+def test_every_shipped_config_and_overlay_is_valid(names):
+    runs = expand_runs(load_config(*(ROOT / "config" / n for n in names)))
+    assert runs
+
+
+def test_an_overlay_merges_as_snakemake_does_and_replace_drops_or_swaps_whole_keys():
+    from mcfl.config import merge
+
+    base = {"seeds": [0, 1], "publish": {"out": "a", "title": "A"},
+            "datasets": {"d": {"train": {"lr": 0.1, "rounds": 5, "eval_protocols": {"v1": {}, "v2": {}}}}}}
+    over = {"seeds": [3], "replace": ["publish", "datasets.d.train.eval_protocols"],
+            "datasets": {"d": {"train": {"lr": 0.01, "eval_protocols": {"v1": {"clients": "active"}}}}}}
+    out = merge(base, over)
+    assert out == {"seeds": [3],                                     # a list is replaced, not appended
+                   "datasets": {"d": {"train": {"lr": 0.01, "rounds": 5,   # a mapping merges key by key
+                                                "eval_protocols": {"v1": {"clients": "active"}}}}}}
+    with pytest.raises(ConfigError, match=r"replace: 'figures' is not a key"):
+        merge({"seeds": [0]}, {"replace": ["figures"]})
+    with pytest.raises(ConfigError, match="replace: must be a list"):
+        merge({}, {"replace": "publish"})
+
+
+def test_check_config_takes_a_base_and_overlays_and_names_every_file(tmp_path, capsys):
+    from mcfl.cli import main
+
+    over = tmp_path / "over.yaml"
+    over.write_text("seeds: [7]\nresults: out-7\n")
+    assert main(["check-config", str(ROOT / "config" / "config.yaml"), str(over)]) == 0
+    out = capsys.readouterr().out
+    assert f"config.yaml + {over}: OK" in out and "seed 7" in out and "seed 0" not in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("replace: [publish]\nseeds: [0]\n")
+    with pytest.raises(ConfigError, match="bad.yaml: replace: belongs in an overlay"):
+        load_config(bad)
+    bad.write_text("datasets: {digits: {train: {lr: -1}}}\n")
+    with pytest.raises(ConfigError, match=r"config.yaml \+ .*bad.yaml: datasets.digits.train.lr"):
+        load_config(ROOT / "config" / "config.yaml", bad)
 
 
 def test_a_warm_up_run_needs_no_centre_file():

@@ -16,7 +16,7 @@ restored metrics.json files as given, e.g.
 
     python docs/tools/archive_runs.py --restore results-femnist-sample-fedgsp
     snakemake results-femnist-sample-fedgsp/docs/results/femnist-sample-fedgsp.md --cores 1 \
-        --configfile config/femnist-sample-fedgsp.yaml --allowed-rules prepare fedgsp_cpd fedgsp_table fedgsp_publish
+        --configfile config/femnist-sample.yaml config/femnist-sample/fedgsp.yaml --allowed-rules prepare fedgsp_cpd fedgsp_table fedgsp_publish
     make docs-results        # the page and its figures into docs/
 """
 

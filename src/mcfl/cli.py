@@ -136,9 +136,9 @@ def _cmd_partition(a) -> int:
 def _cmd_check_config(a) -> int:
     from mcfl.config import expand_runs, load_config
 
-    cfg = load_config(a.config)
+    cfg = load_config(*a.config)
     runs = expand_runs(cfg)
-    print(f"{a.config}: OK, {len(runs)} training runs")
+    print(f"{' + '.join(a.config)}: OK, {len(runs)} training runs")
     for r in runs:
         print(f"  {r['dataset']:<12} {r['label']:<14} seed {r['seed']}")
     return 0
@@ -387,7 +387,8 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     if full("partition"):
         _add_partition_parser(sub)
     p = sub.add_parser("check-config", help="validate a config and list its runs")
-    p.add_argument("config")
+    p.add_argument("config", nargs="+", help="a config file, then any overlays merged over it in order "
+                   "(as snakemake --configfile A B merges them)")
     sub.add_parser("methods", help="list algorithms and their hyperparameters")
     helps = {"init-centres": "initialise cluster centres", "train": "train one run (or several: repeat --run)",
              "select-k": "choose K for a `K: auto` run (FeSEM §5.2)"}

@@ -429,14 +429,64 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool = False) -> dict:
     return run
 
 
-def load_config(path: str | Path) -> dict:
-    path = Path(path)
-    cfg = read_yaml(path)
+def merge(base: dict, overlay: dict, where: str = "overlay") -> dict:
+    """``overlay`` merged into ``base`` (in place; returned) as Snakemake merges ``--configfile a b``:
+    a mapping merges key by key, any other value (a list included) replaces the base's. An overlay
+    may list, under a top-level ``replace:``, dotted keys whose base value is replaced whole by the
+    overlay's instead of merged with it, or dropped where the overlay does not set the key
+    (``replace: [publish]`` without a ``publish:`` block: the merged config publishes nothing)."""
+    overlay = dict(overlay)
+    replace = overlay.pop("replace", [])
+    if not (isinstance(replace, list) and all(isinstance(k, str) and k for k in replace)):
+        raise ConfigError(f"{where}: replace: must be a list of dotted keys (e.g. [publish, datasets])")
+    for key in replace:
+        *parents, last = key.split(".")
+        node = base
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            raise ConfigError(f"{where}: replace: {key!r} is not a key of the config it overlays")
+        del node[last]
+    _merge(base, overlay)
+    return base
+
+
+def _merge(base: dict, overlay: dict) -> None:
+    for k, v in overlay.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = copy.deepcopy(v)
+
+
+def read_configs(paths) -> dict:
+    """The config files ``paths`` read and merged in order (:func:`merge`), not yet validated."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ConfigError("no config file given")
+    cfg: dict = {}
+    for i, path in enumerate(paths):
+        doc = read_yaml(path)
+        if doc is None:
+            doc = {}
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{path}: a config file is a mapping of keys (datasets:, methods:, ...), "
+                              f"not a {type(doc).__name__}")
+        if i == 0 and "replace" in doc:
+            raise ConfigError(f"{path}: replace: belongs in an overlay (a config file given after the first)")
+        merge(cfg, doc, str(path))
+    return cfg
+
+
+def load_config(*paths: str | Path) -> dict:
+    """Read, merge in order (a base config, then overlays) and validate config files."""
+    source = " + ".join(map(str, paths))
+    cfg = read_configs(paths)
     try:
-        return validate(cfg, str(path))
+        return validate(cfg, source)
     except ConfigError as e:
         msg = str(e)
-        raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+        raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
 
 
 def expand_runs(cfg: dict) -> list[dict[str, Any]]:

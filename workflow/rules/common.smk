@@ -10,13 +10,19 @@ import time
 
 from snakemake.exceptions import WorkflowError
 
-from mcfl.config import ConfigError, read_yaml, validate
+from snakemake.utils import update_config
+
+from mcfl.config import ConfigError, read_configs, validate
 from mcfl.data.store import FORMAT as STORE_FORMAT  # a param of the rules that write stores
 from mcfl.plan import Plan
 
 try:
-    for _f in workflow.configfiles:  # Snakemake's YAML loader keeps a duplicated key's last value
-        read_yaml(_f)
+    # The config files are read and merged by mcfl's loader (as `mcfl check-config A B` does: an
+    # overlay's `replace:` keys, a duplicated key refused), then `--config KEY=VALUE` on top.
+    _merged = read_configs(workflow.configfiles)
+    update_config(_merged, workflow.config_settings.config)
+    config.clear()
+    config.update(_merged)
     validate(config, " + ".join(map(str, workflow.configfiles)) or "config")
     P = Plan(config)
 except ConfigError as e:

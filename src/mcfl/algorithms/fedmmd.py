@@ -22,7 +22,7 @@ The server averages the local models as FedAvg.
   the widths follow the features' scale as training changes it, so no width needs tuning. Biased
   (V-statistic) estimate over the minibatch; it is 0 for identical feature sets.
 * ``lam`` = 0 is FedAvg. The paper's weight is not given in FedGSP; 0.1 by default. On the real
-  FEMNIST writers 0.1 collapsed the model to one class; config/femnist-sample-fedgsp.yaml uses 0.01,
+  FEMNIST writers 0.1 collapsed the model to one class; config/femnist-sample/fedgsp.yaml uses 0.01,
   chosen on the training loss (studies/fedmmd_select.py, docs/methods/fedgsp.md).
 
 The penalty is a custom local loss (``Task.loss``), one per round shared by the round's clients,

@@ -4,7 +4,7 @@ One row per method label (config order), in percent micro accuracy (mean ± std 
 
 * ``paper``: FeSEM's journal Table 2 (``paper_tables.csv``), where the paper has the row;
 * ``paper_protocol``: our runs of the paper's *training* protocol (a second results directory, e.g.
-  ``config/femnist-sample-paper.yaml``'s) scored with the authors' V1 evaluation (``v1/…``
+  ``config/femnist-sample/paper.yaml``'s) scored with the authors' V1 evaluation (``v1/…``
   columns), blank where those runs do not exist (yet);
 * ``standard``: our runs of this config, standard evaluation (:mod:`mcfl.evaluation`);
 * one column per named evaluation protocol of the same runs (``v1``, ``v2``, ``active`` ...): the
