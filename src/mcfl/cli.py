@@ -243,7 +243,7 @@ def _resolve_k(run: dict, k_from: str | None) -> dict:
 def _cmd_select_k(a) -> int:
     from mcfl.runner import configure_torch
     from mcfl.federation import resolve_device
-    from mcfl.cluster.select_k import select_k
+    from mcfl.select_k import select_k
 
     from mcfl.config import parse_run
 
