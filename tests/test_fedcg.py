@@ -428,3 +428,24 @@ def test_domain_specific_parameters_learn_what_one_shared_model_cannot(conflict_
     assert f["micro_acc"] > 0.95
     # the student cannot see the domain, so its soft mixture is no better than one shared model
     assert f["soft_acc"] < 0.6
+
+
+def test_test_assignment_is_set_for_a_block_only():
+    """Evaluation picks the test-time w(x) for a block (``FedCGNet.testing``): the student's argmax
+    under ``hard`` is its one-hot, and the network is back to ``soft`` afterwards, errors included."""
+    plain = build("digits_cnn", (1, 12, 12), 10)
+    init_weights(plain, 3)
+    net = FedCGNet(plain, (1, 12, 12), 3, layers="last", dc_width=4, dc_kernel=3).eval()
+    net.reset_extras(5)
+    x = torch.rand(6, 1, 12, 12)
+    p = torch.softmax(net.student(x), 1)
+    assert torch.equal(net.assignment(x), p)
+    with net.testing("hard"):
+        assert torch.equal(net.assignment(x), p.argmax(1))
+    assert net.test_assignment == "soft"
+    with pytest.raises(RuntimeError), net.testing("teacher"):
+        assert torch.equal(net.assignment(x), net.teacher(x).argmax(1))
+        raise RuntimeError("stop")
+    assert net.test_assignment == "soft"
+    with pytest.raises(ValueError, match="unknown test assignment 'source'"), net.testing("source"):
+        pass
