@@ -256,9 +256,9 @@ def test_oracle_and_kmeans_clustering_feed_their_domains(domains_store):
     algo, fed = _algo(domains_store, clustering="oracle")
     state = algo.init()
     rows = torch.arange(10)
-    assert torch.equal(algo._targets(algo.net, fed.dev.inputs(rows), rows, state.client_cluster),
+    assert torch.equal(algo.objective(state).targets(algo.net, fed.dev.inputs(rows), rows),
                        torch.from_numpy(np.array(fed.data.domain_train[:10])))
-    ext = algo._external(torch.arange(int(fed.dev.offsets["test"][-1])), "source", state)
+    ext = algo.evaluation.external(torch.arange(int(fed.dev.offsets["test"][-1])), "source", state)
     dom = np.asarray(fed.data.domain_test)
     assert torch.equal(ext[dom == 3], torch.full(((dom == 3).sum(), 3), 1 / 3))   # unseen: uniform
     assert torch.equal(ext[dom == 1].argmax(1), torch.ones((dom == 1).sum(), dtype=torch.long))
@@ -268,7 +268,7 @@ def test_oracle_and_kmeans_clustering_feed_their_domains(domains_store):
     assert np.array_equal(km.assignments(s), s.client_cluster.numpy())
     rows = torch.arange(int(fed2.dev.offsets["train"][-1]))
     per_row = s.client_cluster[torch.from_numpy(np.repeat(np.arange(fed2.n_clients), fed2.dev.n_train))]
-    assert torch.equal(km._targets(km.net, fed2.dev.inputs(rows), rows, s.client_cluster), per_row)
+    assert torch.equal(km.objective(s).targets(km.net, fed2.dev.inputs(rows), rows), per_row)
 
 
 def test_oracle_needs_per_sample_domains(digits_store):
@@ -347,7 +347,7 @@ def test_discordant_counts_pair_soft_and_hard_on_the_unseen_domain(domains_store
     f = algo.extra_metrics(state)
     unseen = np.isin(fed.data.domain_test, fed.data.unseen_domains)
     rows = torch.arange(len(unseen))
-    hit = {m: (algo._predict(state.w, rows, m, state)[0] == fed.dev.y["test"]).numpy()[unseen]
+    hit = {m: (algo.evaluation.predict(state.w, rows, m, state)[0] == fed.dev.y["test"]).numpy()[unseen]
            for m in ("soft", "hard")}
     assert f["soft_only_unseen"] == (hit["soft"] & ~hit["hard"]).sum() > 0
     assert f["hard_only_unseen"] == (hit["hard"] & ~hit["soft"]).sum()
@@ -428,3 +428,24 @@ def test_domain_specific_parameters_learn_what_one_shared_model_cannot(conflict_
     assert f["micro_acc"] > 0.95
     # the student cannot see the domain, so its soft mixture is no better than one shared model
     assert f["soft_acc"] < 0.6
+
+
+def test_test_assignment_is_set_for_a_block_only():
+    """Evaluation picks the test-time w(x) for a block (``FedCGNet.testing``): the student's argmax
+    under ``hard`` is its one-hot, and the network is back to ``soft`` afterwards, errors included."""
+    plain = build("digits_cnn", (1, 12, 12), 10)
+    init_weights(plain, 3)
+    net = FedCGNet(plain, (1, 12, 12), 3, layers="last", dc_width=4, dc_kernel=3).eval()
+    net.reset_extras(5)
+    x = torch.rand(6, 1, 12, 12)
+    p = torch.softmax(net.student(x), 1)
+    assert torch.equal(net.assignment(x), p)
+    with net.testing("hard"):
+        assert torch.equal(net.assignment(x), p.argmax(1))
+    assert net.test_assignment == "soft"
+    with pytest.raises(RuntimeError), net.testing("teacher"):
+        assert torch.equal(net.assignment(x), net.teacher(x).argmax(1))
+        raise RuntimeError("stop")
+    assert net.test_assignment == "soft"
+    with pytest.raises(ValueError, match="unknown test assignment 'source'"), net.testing("source"):
+        pass

@@ -26,6 +26,15 @@ def separable(tmp_path_factory):
     return store, run, root / "run"
 
 
+def fig4(run, store, state, out, *, projection="pca", n_clients=400, seed=0):
+    """FeSEM Fig. 4 as ``mcfl figure clusters`` makes it: the snapshot, then the drawing."""
+    from mcfl.cluster.snapshot import cluster_snapshot
+    from mcfl.report.figures import clusters_figure
+
+    snap = cluster_snapshot(run, store, state, n_clients=n_clients, centres=projection == "pca", seed=seed)
+    return clusters_figure(snap, out, projection=projection, seed=seed)
+
+
 def test_runner_writes_final_state_of_clustered_runs_only(separable, digits_store, tmp_path):
     store, run, out = separable
     state = torch.load(out / "state.pt", weights_only=True)
@@ -42,7 +51,7 @@ def test_local_models_are_the_next_rounds_and_do_not_depend_on_the_sample(separa
     from mcfl.data import load
     from mcfl.engine import Task
     from mcfl.federation import build_federation
-    from mcfl.report.figures import local_models
+    from mcfl.cluster.snapshot import local_models
 
     store, run, out = separable
     fed = build_federation(load(store), run["model"], run["train"], run["seed"])
@@ -62,11 +71,9 @@ def test_local_models_are_the_next_rounds_and_do_not_depend_on_the_sample(separa
 def test_clusters_figure_separates_recoverable_rotations(separable, tmp_path):
     from sklearn.metrics import adjusted_rand_score, silhouette_score
 
-    from mcfl.report.figures import clusters_figure
-
     store, run, out = separable
     png = tmp_path / "fig4.png"
-    summary = clusters_figure(run, store, out / "state.pt", png, n_clients=400, seed=0)
+    summary = fig4(run, store, out / "state.pt", png, n_clients=400, seed=0)
     pts = pd.read_csv(png.with_suffix(".csv"))
     assert png.stat().st_size > 5000 and "16 of 16 clients" in summary
     assert "between-centre distance" in summary
@@ -76,7 +83,7 @@ def test_clusters_figure_separates_recoverable_rotations(separable, tmp_path):
     assert adjusted_rand_score(pts["true_cluster"], pts["cluster"]) == 1.0
     # in the 2-D picture the four rotations form four tight, separate groups
     assert silhouette_score(pts[["x", "y"]], pts["true_cluster"]) > 0.5
-    few = clusters_figure(run, store, out / "state.pt", tmp_path / "few.png", n_clients=6, seed=1,
+    few = fig4(run, store, out / "state.pt", tmp_path / "few.png", n_clients=6, seed=1,
                           projection="tsne")
     assert len(pd.read_csv(tmp_path / "few.csv")) == 6 and "tsne" in few
 
@@ -92,11 +99,9 @@ def test_spread_is_client_to_own_centre_over_between_centre_distance():
 
 
 def test_clusters_figure_rejects_unclustered_runs(digits_store, tmp_path):
-    from mcfl.report.figures import clusters_figure
-
     train(make_run(rounds=1), digits_store, tmp_path / "r", progress=False)
     with pytest.raises(ValueError, match="does not cluster"):
-        clusters_figure(make_run(), digits_store, tmp_path / "r" / "state.pt", tmp_path / "f.png")
+        fig4(make_run(), digits_store, tmp_path / "r" / "state.pt", tmp_path / "f.png")
 
 
 def test_cases_figure_picks_clients_of_each_cluster(separable, synthetic_store, tmp_path):
@@ -119,4 +124,3 @@ def test_cases_figure_picks_clients_of_each_cluster(separable, synthetic_store, 
     assert (tmp_path / "vec.png").stat().st_size > 5000
     with pytest.raises(ValueError, match="not those of"):
         cases_figure(store, tmp_path / "a.csv", tmp_path / "bad.png")
-

@@ -119,3 +119,115 @@ def test_plain_values_are_checked_as_pydantic_would():
         assert not _plainly_fits(value, hint)
     with pytest.raises(ValidationError):
         TypeAdapter(int).validate_python(True, strict=True)
+
+
+# -- the direction of imports inside mcfl -----------------------------------------------------------
+# Every import counts, the ones inside functions too (only those under ``if TYPE_CHECKING:``, never
+# executed, do not). A module is named by its dotted path; a rule on ``mcfl.x`` covers its submodules.
+
+#: the layers below the run: they never reach up to the runner, the config, the planning, the reports
+#: or the command line
+LOWER = ("mcfl.data", "mcfl.models", "mcfl.engine", "mcfl.executors")
+UPPER = ("mcfl.runner", "mcfl.config", "mcfl.plan", "mcfl.report", "mcfl.cli", "mcfl.select_k", "mcfl.track")
+#: what trains: the reports only read the runs' files and draw (nothing of this, even indirectly)
+TRAINING = ("mcfl.runner", "mcfl.engine", "mcfl.executors", "mcfl.federation", "mcfl.algorithms",
+            "mcfl.select_k", "mcfl.cluster.init", "mcfl.cluster.snapshot")
+
+
+def _within(module: str, roots: tuple[str, ...]) -> bool:
+    return any(module == r or module.startswith(r + ".") for r in roots)
+
+
+def mcfl_imports() -> dict[str, set[str]]:
+    """module -> the mcfl modules it imports, at module level or in a function (not under ``if
+    TYPE_CHECKING:``); ``from a import b`` is ``a.b`` where that is a module, else ``a``."""
+    import ast
+
+    from conftest import ROOT
+
+    src = ROOT / "src"
+    files = {}
+    for f in (src / "mcfl").rglob("*.py"):
+        parts = list(f.relative_to(src).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+
+    def resolve(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def walk(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                yield from (n for c in child.orelse for n in [c, *walk(c)])
+                continue
+            yield child
+            yield from walk(child)
+
+    out = {}
+    for m, f in files.items():
+        package = m if f.name == "__init__.py" else m.rpartition(".")[0]
+        found = set()
+        for node in walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                names = [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            found |= {t for t in map(resolve, names) if t and t != m}
+        out[m] = found
+    return out
+
+
+def test_the_import_walk_sees_function_level_imports_and_skips_type_checking_ones():
+    g = mcfl_imports()
+    assert "mcfl.data.leaf.fetch" in g["mcfl.plan.data"]          # inside PreparePlan.raw_inputs
+    assert "mcfl.algorithms.fedgsp" in g["mcfl.plan.fedgsp"]       # inside FedGSPPlan.base_params
+    assert "mcfl.cluster.snapshot" not in g["mcfl.report.figures"]   # an annotation's only
+
+
+def test_lower_layers_never_import_the_upper_ones():
+    g = mcfl_imports()
+    bad = sorted(f"{m} -> {t}" for m, ts in g.items() if _within(m, LOWER) for t in ts if _within(t, UPPER))
+    assert not bad, "imports from below the run up to runner/config/plan/report/cli: " + "; ".join(bad)
+
+
+def test_reports_never_train():
+    """No report module reaches what trains, directly or through the modules it imports."""
+    g = mcfl_imports()
+    bad = []
+    for m in sorted(g):
+        if not _within(m, ("mcfl.report",)):
+            continue
+        seen, todo = set(), [m]
+        while todo:
+            for t in g[todo.pop()] - seen:
+                seen.add(t)
+                todo.append(t)
+        bad += [f"{m} -> {t}" for t in sorted(seen) if _within(t, TRAINING)]
+    assert not bad, "report modules that reach training: " + "; ".join(bad)
+
+
+def _source_files():
+    from conftest import ROOT
+
+    return sorted((ROOT / "src" / "mcfl").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _source_files(), ids=lambda p: str(p).split("src/mcfl/")[-1])
+def test_every_module_is_a_room_of_its_own_size(path):
+    """No file over 450 lines and no class over 40 methods: a module or class that outgrows them holds
+    several things and is split by what each does."""
+    import ast
+
+    text = path.read_text()
+    assert text.count("\n") <= 450, f"{path.name}: {text.count(chr(10))} lines"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            methods = [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            assert len(methods) <= 40, f"{path.name}: class {node.name} has {len(methods)} methods"

@@ -46,7 +46,7 @@ def test_runs_are_the_expanded_runs_plus_the_sweep_points(default_plan):
     expanded = expand_runs(p.config)
     assert list(p.configured) == [run_key(r) for r in expanded]
     assert list(p.runs)[:len(expanded)] == list(p.configured)          # configured first, in order
-    sweeps = {run_key(r) for kind in ("heatmap", "kappa") for r in p.gsp_sweep(kind)}
+    sweeps = {run_key(r) for kind in ("heatmap", "kappa") for r in p.fedgsp.sweep(kind)}
     assert len(p.sweeps["heatmap"]) == 6 and len(p.sweeps["kappa"]) == 2
     assert set(p.runs) == set(p.configured) | sweeps
     new = sweeps - set(p.configured)
@@ -55,7 +55,7 @@ def test_runs_are_the_expanded_runs_plus_the_sweep_points(default_plan):
     assert p.run_dirs() == [p.dir_of(r) for r in expanded]
     assert len(p.run_dirs(p.runs.values())) == len(p.runs)
     # FedGSP's table: the configured runs on its dataset, not the sweep points
-    assert {run_key(r) for r in p.gsp_main()} == {k for k in p.configured if k[0] == "digits_2class"}
+    assert {run_key(r) for r in p.fedgsp.main()} == {k for k in p.configured if k[0] == "digits_2class"}
 
 
 def test_paths(default_plan):
@@ -65,8 +65,8 @@ def test_paths(default_plan):
     assert p.run_file("state") == "results/runs/{dataset}/{run}/seed{seed}/state.pt"
     assert p.run_file("history").endswith("/history.csv")
     w = SimpleNamespace(dataset="digits", run="FeSEM-K2", seed="1")
-    assert p.checkpoint(w) == "results/checkpoints/digits/FeSEM-K2/seed1.pt"
-    assert p.gsp_out("cpd.png") == "results/fedgsp/digits_2class/cpd.png"
+    assert p.training.checkpoint(w) == "results/checkpoints/digits/FeSEM-K2/seed1.pt"
+    assert p.fedgsp.out("cpd.png") == "results/fedgsp/digits_2class/cpd.png"
     other = Plan(_config(results="results-x"))
     assert other.log_dir == "results-x/logs"                 # an overlay never overwrites logs/
     assert other.run_dir.startswith("results-x/runs/")
@@ -78,13 +78,13 @@ def test_stores_shared_and_partitioned():
     assert p.raw_store("a") == p.raw_store("b") == "store/a"          # identical prepare: one store
     assert p.store("a") == "store/a" and p.store("b") == "store/partitioned/b"
     assert p.stores() == ["store/a", "store/partitioned/b"]
-    assert p.partition_args(SimpleNamespace(dataset="b"))[:2] == ["--scheme", "iid"]
-    assert "--clients" in p.partition_args(SimpleNamespace(dataset="b"))
+    assert p.prepare.partition_args(SimpleNamespace(dataset="b"))[:2] == ["--scheme", "iid"]
+    assert "--clients" in p.prepare.partition_args(SimpleNamespace(dataset="b"))
 
 
 def test_prepare_args_spell_every_kind_of_value():
     p = Plan(validate(_small()))
-    args = p.prepare_args(SimpleNamespace(dataset="a"))
+    args = p.prepare.prepare_args(SimpleNamespace(dataset="a"))
     assert args[0] == "digits_domains"
     assert "--no-unseen-copies" in args                               # False -> --no-flag
     i = args.index("--angles")
@@ -92,7 +92,7 @@ def test_prepare_args_spell_every_kind_of_value():
     assert "--raw-dir" not in args                                    # not a LEAF source
     leaf = Plan(_config("paper-femnist.yaml"))
     ds = next(iter(leaf.datasets))
-    args = leaf.prepare_args(SimpleNamespace(dataset=ds))
+    args = leaf.prepare.prepare_args(SimpleNamespace(dataset=ds))
     assert args[-2:] == ["--raw-dir", f"{leaf.data_dir}/raw/femnist"]
 
 
@@ -103,20 +103,20 @@ def test_centre_files_one_per_distinct_spec_and_k_selection():
     # FeSEM(2) and FeSEM-MA(2) share a centre file per (dataset, seed)
     assert len(fesem) == 2 * len(keys)
     assert set(p.inits) >= keys
-    auto = p.auto_k()
+    auto = p.training.auto_k()
     assert [(k[0], k[2]) for k in auto] == [("a", "0"), ("a", "1")]
     w = SimpleNamespace(dataset="a", run=auto[0][1], seed="0")
-    assert p.k_input(w) == {"k": f"out/select_k/a/{auto[0][1]}/seed0.json"}
-    assert p.train_inputs(w)["k"] == p.k_input(w)["k"]
+    assert p.training.k_input(w) == {"k": f"out/select_k/a/{auto[0][1]}/seed0.json"}
+    assert p.training.train_inputs(w)["k"] == p.training.k_input(w)["k"]
     plain = SimpleNamespace(dataset="a", run="FedAvg", seed="0")
-    assert p.k_input(plain) == {} and p.train_inputs(plain) == {"store": "store/a"}
+    assert p.training.k_input(plain) == {} and p.training.train_inputs(plain) == {"store": "store/a"}
     w2 = SimpleNamespace(dataset="b", run=fesem[-1]["run_id"], seed=str(fesem[-1]["seed"]))
-    centres = p.train_inputs(w2)["centres"]
-    assert centres == p.init_path(p.run(w2)) and centres.startswith("out/init/b/K2-")
+    centres = p.training.train_inputs(w2)["centres"]
+    assert centres == p.training.init_path(p.run(w2)) and centres.startswith("out/init/b/K2-")
     inp = SimpleNamespace(keys=lambda: ["store", "centres", "k"], centres="c.pt", k="k.json")
-    assert p.centres_flag(None, inp) == ["--centres", "c.pt"] and p.k_flag(None, inp) == ["--k-from", "k.json"]
+    assert p.training.centres_flag(None, inp) == ["--centres", "c.pt"] and p.training.k_flag(None, inp) == ["--k-from", "k.json"]
     none = SimpleNamespace(keys=lambda: ["store"])
-    assert p.centres_flag(None, none) == [] and p.k_flag(None, none) == []
+    assert p.training.centres_flag(None, none) == [] and p.training.k_flag(None, none) == []
 
 
 def test_targets_follow_the_config(default_plan, capsys):
@@ -127,7 +127,7 @@ def test_targets_follow_the_config(default_plan, capsys):
             "results/fedgsp/digits_2class/kappa.png", "results/fedcg/tables.md",
             "results/mlflow_runs.tsv"} <= set(t)
     assert "results/select_k.md" not in t                               # no `K: auto` here
-    assert p.fedcg_runs() and all("/digits_domains/" in d for d in p.fedcg_runs())
+    assert p.fedcg.table_runs() and all("/digits_domains/" in d for d in p.fedcg.table_runs())
     small = Plan(validate(_small(tracking=True)))
     # FeSEM(2)'s cases on both datasets; no FeSEM(4) for the clusters figure (said on stderr)
     assert small.targets() == ["out/figures/cases_a.png", "out/figures/cases_b.png", "out/select_k.md"]
@@ -137,16 +137,16 @@ def test_targets_follow_the_config(default_plan, capsys):
 def test_leaf_downloads_must_agree():
     cfg = _config("paper-femnist.yaml")
     p = Plan(cfg)
-    assert p.download_args(SimpleNamespace(source="femnist")) == ["--source", "https://s3.amazonaws.com/nist-srd/SD19"]
-    assert p.download_dir(SimpleNamespace(source="femnist")) == f"{p.data_dir}/raw/femnist"
-    assert "femnist" in p.download_constraints()["source"].split("|")
+    assert p.prepare.download_args(SimpleNamespace(source="femnist")) == ["--source", "https://s3.amazonaws.com/nist-srd/SD19"]
+    assert p.prepare.download_dir(SimpleNamespace(source="femnist")) == f"{p.data_dir}/raw/femnist"
+    assert "femnist" in p.prepare.download_constraints()["source"].split("|")
     w = SimpleNamespace(dataset="femnist")
-    assert p.raw_inputs(w) and all(f.startswith(f"{p.data_dir}/raw/femnist/") for f in p.raw_inputs(w))
+    assert p.prepare.raw_inputs(w) and all(f.startswith(f"{p.data_dir}/raw/femnist/") for f in p.prepare.raw_inputs(w))
     bad = copy.deepcopy(cfg)
     bad["datasets"]["twin"] = copy.deepcopy(bad["datasets"]["femnist"])
     bad["datasets"]["twin"]["prepare"]["md5"] = ["x=0"]
     with pytest.raises(ConfigError, match="must agree on origin and md5"):
-        Plan(bad).leaf_fetch_settings("femnist")
+        Plan(bad).prepare.leaf_fetch_settings("femnist")
 
 
 def test_rule_files_declare_rules_only():
@@ -163,25 +163,25 @@ def test_seeds_per_job_groups_the_runs_every_seed_has(default_plan):
     points (seed 0 only) keep their per-seed job, and the two rules' {run} patterns never overlap."""
     import re
 
-    assert Plan(validate(_small())).grouped == set()                 # the schema default: 1
+    assert Plan(validate(_small())).training.grouped == set()                 # the schema default: 1
     p = Plan(validate(_small(seeds_per_job="all")))
-    assert p.grouped == {r for _, r, _ in p.runs}
-    assert Plan(validate(_small(seeds_per_job="all", seeds=[3]))).grouped == set()   # one seed
+    assert p.training.grouped == {r for _, r, _ in p.runs}
+    assert Plan(validate(_small(seeds_per_job="all", seeds=[3]))).training.grouped == set()   # one seed
     d = default_plan
     assert d.config["seeds_per_job"] == "all"
     sweep_only = {r for _, r, _ in d.runs} - {r for _, r, _ in d.configured}
-    assert sweep_only and d.grouped == {r for _, r, _ in d.configured}
-    per_seed, grouped = d.run_constraint(grouped=False), d.run_constraint(grouped=True)
+    assert sweep_only and d.training.grouped == {r for _, r, _ in d.configured}
+    per_seed, grouped = d.training.run_constraint(grouped=False), d.training.run_constraint(grouped=True)
     for _, run, _ in d.runs:                  # as Snakemake embeds them: "/" follows {run}
         path = f"{run}/seed0/metrics.json"
         one = re.fullmatch(f"(?P<run>{per_seed})/seed0/metrics.json", path) is not None
         many = re.fullmatch(f"(?P<run>{grouped})/seed0/metrics.json", path) is not None
-        assert one != many and many == (run in d.grouped), run
+        assert one != many and many == (run in d.training.grouped), run
     w = SimpleNamespace(dataset="digits", run="FeSEM-K2")
-    assert d.group_files("metrics") == [f"results/runs/{{dataset}}/{{run}}/seed{s}/metrics.json" for s in "012"]
-    inputs = d.group_inputs(w)
+    assert d.training.group_files("metrics") == [f"results/runs/{{dataset}}/{{run}}/seed{s}/metrics.json" for s in "012"]
+    inputs = d.training.group_inputs(w)
     assert set(inputs) == {"store", "centres0", "centres1", "centres2"}
-    args = d.group_args(w, SimpleNamespace(keys=lambda: list(inputs), **inputs))
+    args = d.training.group_args(w, SimpleNamespace(keys=lambda: list(inputs), **inputs))
     assert [a for a in args if a.startswith("--")] == ["--run", "--out", "--checkpoint", "--centres"] * 3
     assert args[args.index("--out") + 1] == "results/runs/digits/FeSEM-K2/seed0"
     assert [json.loads(args[i + 1])["seed"] for i, a in enumerate(args) if a == "--run"] == [0, 1, 2]

@@ -243,7 +243,7 @@ def _resolve_k(run: dict, k_from: str | None) -> dict:
 def _cmd_select_k(a) -> int:
     from mcfl.runner import configure_torch
     from mcfl.federation import resolve_device
-    from mcfl.cluster.select_k import select_k
+    from mcfl.select_k import select_k
 
     from mcfl.config import parse_run
 
@@ -342,10 +342,13 @@ def _cmd_figure(a) -> int:
     if a.figure == "clusters":
         from mcfl.config import parse_run
 
+        from mcfl.cluster.snapshot import cluster_snapshot
+
         run = parse_run(a.run)
         dev = _federation_device(a.device, a.threads)
-        res = figures.clusters_figure(run, a.store, a.state, a.out, n_clients=a.clients,
-                                      projection=a.projection, seed=a.seed, device=dev)
+        snap = cluster_snapshot(run, a.store, a.state, n_clients=a.clients, centres=a.projection == "pca",
+                                seed=a.seed, device=dev)
+        res = figures.clusters_figure(snap, a.out, projection=a.projection, seed=a.seed)
     else:
         res = figures.cases_figure(a.store, a.assignments, a.out, clients_per_cluster=a.clients,
                                    samples=a.samples, seed=a.seed, title=a.title)

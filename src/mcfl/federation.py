@@ -13,7 +13,7 @@ Seeds. A run's ``seed`` is split by purpose with :func:`mcfl.engine.derive_seed`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ from mcfl import models
 from mcfl.data.store import FederatedData
 from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer
 from mcfl.streams import MODEL, SERVER, STREAM, derive_seed
-from mcfl.executors import make_trainer
+from mcfl.executors import make_trainer, same_executor
 from mcfl.trainspec import TrainSpec
 
 
@@ -65,6 +65,12 @@ class Federation:
     @property
     def device(self) -> torch.device:
         return self.dev.device
+
+    def with_network(self, module: torch.nn.Module) -> Federation:
+        """This federation training ``module`` instead of its model (a method's network wrapping the
+        run's one): same data, device, seed and executor; ``w0`` is ``module``'s current weights."""
+        flat = FlatModel(module, self.device)
+        return replace(self, model=flat, trainer=same_executor(self.trainer, flat, self.dev), w0=flat.get())
 
     def clients(self, rnd: int) -> np.ndarray:
         return round_clients(self.n_clients, self.per_round, self.seed, rnd)

@@ -45,12 +45,14 @@ import numpy as np
 import torch
 
 from mcfl import algorithms
-from mcfl.data.store import load, warn_untested
+from mcfl.data.store import StoreError, load, warn_untested
+from mcfl.errors import REMEDY, DivergenceError
 from mcfl.evaluation import RoundCache, evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
 from mcfl.io import (OUTPUTS, config_hash, csv_text, git_revision, remove_stale_temps, rows_csv, write_bytes,
                      write_json)
 from mcfl.timing import COLUMNS as TIME_COLUMNS, LocalClock
+from mcfl.track import NullTracker
 from mcfl.trainspec import TrainSpec
 
 log = logging.getLogger("mcfl")
@@ -148,8 +150,6 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
           inputs: dict[str, str] | None = None, tracker=None, device: str = "auto", threads: int = 1,
           checkpoint: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
     """Train one run (one dataset, method, K, seed) and write its outputs to ``out_dir``."""
-    from mcfl.track import NullTracker
-
     tracker = tracker or NullTracker()
     out_dir = Path(out_dir)
     ckpt_path = Path(checkpoint) if checkpoint else None
@@ -165,8 +165,6 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     t0 = time.time()
     data = load(store, verify=True)         # file hashes too: the data hash logged is the data used
     if int(data.meta["n_test"]) == 0:
-        from mcfl.data.store import StoreError
-
         raise StoreError(f"{store}: no client has test samples, so nothing could be evaluated; "
                          f"re-split it (a lower train fraction or the partition stage)")
     warn_untested(data.path, data.client_ids, data.n_test())
@@ -243,8 +241,6 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
 
 
 def _check_finite(row: dict, rnd: int) -> None:
-    from mcfl.errors import REMEDY, DivergenceError
-
     bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         raise DivergenceError(f"round {rnd}: non-finite {', '.join(bad)}; {REMEDY}")

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from mcfl.io import OUTPUTS
+
 log = logging.getLogger("mcfl")
 SWEEP_ENV = "MCFL_SWEEP_RUN_ID"
 # What a training job does when the tracking server does not answer: `fail` (default; the error names
@@ -283,8 +285,6 @@ def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tu
     import math
 
     import pandas as pd
-
-    from mcfl.io import OUTPUTS
 
     client = _client()
     exp = experiment_id(client, experiment)

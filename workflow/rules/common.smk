@@ -1,5 +1,6 @@
 # Validate the config (before any job) and plan the DAG: mcfl.plan.Plan answers what runs, stores,
-# centre files, sweeps and paths the config yields; the rule files only declare rules over it (P).
+# centre files, sweeps and paths the config yields, with one planner per stage (P.prepare, P.training,
+# P.figures, P.fedcg, P.fedgsp, P.publishing); the rule files only declare rules over it (P).
 #
 # Quoting rule: every {field} in a shell command is written {field:q} (shell-quoted; a list is quoted
 # element by element, so an optional flag is a list: the flag and its value, or nothing). Config values

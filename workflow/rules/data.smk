@@ -3,7 +3,7 @@
 
 rule prepare:
     input:
-        P.raw_inputs,
+        P.prepare.raw_inputs,
     output:
         directory(P.data("{dataset}")),
     log:
@@ -11,9 +11,9 @@ rule prepare:
     benchmark:
         P.res("benchmarks/prepare/{dataset}.tsv")
     params:
-        prepare=P.prepare_json,
+        prepare=P.prepare.prepare_json,
         store_format=STORE_FORMAT,
-        args=P.prepare_args,
+        args=P.prepare.prepare_args,
     shell:
         "mcfl prepare {params.args:q} --out {output:q} > {log:q} 2>&1"
 

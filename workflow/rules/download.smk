@@ -1,6 +1,6 @@
 # LEAF sources (femnist, celeba): their raw files are downloaded (or copied from a local folder)
 # once per source into DATA/raw/<source>/ and MD5-checked; `prepare` takes them as input through
-# P.raw_inputs (nothing for the embedded sources) and reads them from there (--raw-dir). A source
+# P.prepare.raw_inputs (nothing for the embedded sources) and reads them from there (--raw-dir). A source
 # with an `inputs` hook (leaf_json) has those files as the prepare job's inputs instead.
 
 
@@ -10,11 +10,11 @@ rule download:
     log:
         "logs/download/{source}/{file}.log",
     wildcard_constraints:
-        source=P.download_constraints()["source"],
-        file=P.download_constraints()["file"],
+        source=P.prepare.download_constraints()["source"],
+        file=P.prepare.download_constraints()["file"],
     params:
-        args=P.download_args,
-        raw=P.download_dir,
+        args=P.prepare.download_args,
+        raw=P.prepare.download_dir,
     shell:
         "mcfl download {wildcards.source:q} --file {wildcards.file:q} --out {params.raw:q} "
         "{params.args:q} > {log:q} 2>&1"

@@ -2,12 +2,12 @@
 # that has a FedCG run, and per dataset what its discovered domains follow (each client's domain
 # shares against per-writer image statistics). Nothing is added when the config has no FedCG entry.
 
-if P.fedcg_runs():
+if P.fedcg.table_runs():
 
     rule fedcg_tables:
         input:
-            [f"{d}/metrics.json" for d in P.fedcg_runs()],
-            [f"{d}/predictions.csv" for d in P.fedcg_runs()],  # Table 5's image-by-image comparison
+            [f"{d}/metrics.json" for d in P.fedcg.table_runs()],
+            [f"{d}/predictions.csv" for d in P.fedcg.table_runs()],  # Table 5's image-by-image comparison
         output:
             table3=report(P.res("fedcg/table3.csv"), caption="../report/fedcg_table3.rst", category="FedCG"),
             table4=report(P.res("fedcg/table4.csv"), caption="../report/fedcg_table4.rst", category="FedCG"),
@@ -16,18 +16,18 @@ if P.fedcg_runs():
         log:
             P.logs("fedcg_tables.log"),
         params:
-            runs=P.fedcg_runs(),
+            runs=P.fedcg.table_runs(),
             out=lambda w: P.res("fedcg"),
         shell:
             "mcfl report-fedcg --out {params.out:q} {params.runs:q} > {log:q} 2>&1"
 
 
-if P.fedcg_domain_datasets():
+if P.fedcg.domain_datasets():
 
     rule fedcg_writers:
         input:
             store=lambda w: P.store(w.dataset),
-            assignments=lambda w: [f"{d}/assignments.csv" for d in P.fedcg_domain_runs(w.dataset)],
+            assignments=lambda w: [f"{d}/assignments.csv" for d in P.fedcg.domain_runs(w.dataset)],
         output:
             csv=P.res("fedcg/{dataset}/writers.csv"),
             shares=P.res("fedcg/{dataset}/writers-shares.csv"),
@@ -37,7 +37,7 @@ if P.fedcg_domain_datasets():
         wildcard_constraints:
             dataset="[^/]+",
         params:
-            runs=lambda w: P.fedcg_domain_runs(w.dataset),
+            runs=lambda w: P.fedcg.domain_runs(w.dataset),
             out=lambda w: P.res(f"fedcg/{w.dataset}/writers"),
         shell:
             "mcfl report-writers --shares --store {input.store:q} --out {params.out:q} {params.runs:q} > {log:q} 2>&1"

@@ -8,23 +8,23 @@
 # Sweep runs are ordinary training jobs (rule `train`): mcfl.plan.Plan.runs has them, reusing a
 # configured run wherever a sweep point is identical to it.
 
-if P.gsp:
+if P.fedgsp:
 
     rule fedgsp_cpd:
         input:
-            store=P.store(P.gsp["dataset"]),
+            store=P.store(P.fedgsp.dataset),
         output:
-            csv=P.gsp_out("cpd.csv"),
-            summary=P.gsp_out("cpd_summary.csv"),
-            figure=report(P.gsp_out("cpd.png"), caption="../report/fedgsp_cpd.rst", category="FedGSP"),
+            csv=P.fedgsp.out("cpd.csv"),
+            summary=P.fedgsp.out("cpd_summary.csv"),
+            figure=report(P.fedgsp.out("cpd.png"), caption="../report/fedgsp_cpd.rst", category="FedGSP"),
         log:
-            P.logs(f"fedgsp/{P.gsp['dataset']}/cpd.log"),
+            P.logs(f"fedgsp/{P.fedgsp.dataset}/cpd.log"),
         params:
-            groups=P.gsp_cpd_groups(),
+            groups=P.fedgsp.cpd_groups(),
             seeds=[str(s) for s in config["seeds"]],
-            rounding=P.gsp_base_params()["rounding"],
-            iters=P.gsp_base_params()["icg_iters"],
-            sigma=P.gsp.get("sigma", 1.0),
+            rounding=P.fedgsp.base_params()["rounding"],
+            iters=P.fedgsp.base_params()["icg_iters"],
+            sigma=P.fedgsp.block.get("sigma", 1.0),
         shell:
             "mcfl fedgsp cpd --store {input.store:q} --groups {params.groups:q} --seeds {params.seeds:q} "
             "--rounding {params.rounding:q} --icg-iters {params.iters:q} --sigma {params.sigma:q} "
@@ -32,41 +32,41 @@ if P.gsp:
 
     rule fedgsp_table:
         input:
-            store=P.store(P.gsp["dataset"]),
-            metrics=P.run_outputs("metrics.json", P.gsp_main()),
+            store=P.store(P.fedgsp.dataset),
+            metrics=P.run_outputs("metrics.json", P.fedgsp.main()),
         output:
-            table=report(P.gsp_out("table.csv"), caption="../report/fedgsp_table.rst", category="FedGSP"),
-            markdown=P.gsp_out("table.md"),
-            runs=P.gsp_out("runs.csv"),
-            curves=report(P.gsp_out("curves.png"), caption="../report/fedgsp_curves.rst", category="FedGSP"),
-            cost=report(P.gsp_out("cost.png"), caption="../report/fedgsp_cost.rst", category="FedGSP"),
+            table=report(P.fedgsp.out("table.csv"), caption="../report/fedgsp_table.rst", category="FedGSP"),
+            markdown=P.fedgsp.out("table.md"),
+            runs=P.fedgsp.out("runs.csv"),
+            curves=report(P.fedgsp.out("curves.png"), caption="../report/fedgsp_curves.rst", category="FedGSP"),
+            cost=report(P.fedgsp.out("cost.png"), caption="../report/fedgsp_cost.rst", category="FedGSP"),
         log:
-            P.logs(f"fedgsp/{P.gsp['dataset']}/table.log"),
+            P.logs(f"fedgsp/{P.fedgsp.dataset}/table.log"),
         params:
-            train=P.gsp_train(P.gsp_main()),
-            dirs=P.run_dirs(P.gsp_main()),
-            target=P.gsp["target"],
-            cost=P.gsp_cost(),
+            train=P.fedgsp.train(P.fedgsp.main()),
+            dirs=P.run_dirs(P.fedgsp.main()),
+            target=P.fedgsp.block["target"],
+            cost=P.fedgsp.cost(),
         shell:
             "mcfl fedgsp table --store {input.store:q} --target {params.target:q} --cost {params.cost:q} "
             '--train {params.train:q} --out "$(dirname {output.table:q})" {params.dirs:q} > {log:q} 2>&1'
 
-    if P.gsp.get("publish"):
+    if P.fedgsp.block.get("publish"):
 
         rule fedgsp_publish:
             input:
-                table=P.gsp_out("table.md"),
-                figures=[P.gsp_out(f) for f in ("cpd.png", "curves.png", "cost.png")],
-                runs=P.run_outputs("metrics.json", P.gsp_main()),
+                table=P.fedgsp.out("table.md"),
+                figures=[P.fedgsp.out(f) for f in ("cpd.png", "curves.png", "cost.png")],
+                runs=P.run_outputs("metrics.json", P.fedgsp.main()),
             output:
-                P.gsp["publish"]["out"] + ".md",
+                P.fedgsp.block["publish"]["out"] + ".md",
             log:
-                P.logs(f"fedgsp/{P.gsp['dataset']}/publish.log"),
+                P.logs(f"fedgsp/{P.fedgsp.dataset}/publish.log"),
             params:
-                results=lambda w: P.gsp_out(""),
-                runs=P.run_dirs(P.gsp_main()),
-                out=lambda w: P.gsp["publish"]["out"],
-                title=P.gsp["publish"]["title"],
+                results=lambda w: P.fedgsp.out(""),
+                runs=P.run_dirs(P.fedgsp.main()),
+                out=lambda w: P.fedgsp.block["publish"]["out"],
+                title=P.fedgsp.block["publish"]["title"],
                 config=(
                     os.path.relpath(workflow.overwrite_configfiles[0])
                     if workflow.overwrite_configfiles
@@ -80,18 +80,18 @@ if P.gsp:
 
         rule fedgsp_heatmap:
             input:
-                P.run_outputs("metrics.json", P.gsp_sweep("heatmap")),
+                P.run_outputs("metrics.json", P.fedgsp.sweep("heatmap")),
             output:
-                csv=P.gsp_out("heatmap.csv"),
+                csv=P.fedgsp.out("heatmap.csv"),
                 figure=report(
-                    P.gsp_out("heatmap.png"),
+                    P.fedgsp.out("heatmap.png"),
                     caption="../report/fedgsp_heatmap.rst",
                     category="FedGSP",
                 ),
             log:
-                P.logs(f"fedgsp/{P.gsp['dataset']}/heatmap.log"),
+                P.logs(f"fedgsp/{P.fedgsp.dataset}/heatmap.log"),
             params:
-                dirs=P.run_dirs(P.gsp_sweep("heatmap")),
+                dirs=P.run_dirs(P.fedgsp.sweep("heatmap")),
             shell:
                 'mcfl fedgsp heatmap --out "$(dirname {output.csv:q})" {params.dirs:q} > {log:q} 2>&1'
 
@@ -99,21 +99,21 @@ if P.gsp:
 
         rule fedgsp_kappa:
             input:
-                store=P.store(P.gsp["dataset"]),
-                metrics=P.run_outputs("metrics.json", P.gsp_sweep("kappa")),
+                store=P.store(P.fedgsp.dataset),
+                metrics=P.run_outputs("metrics.json", P.fedgsp.sweep("kappa")),
             output:
-                csv=P.gsp_out("kappa.csv"),
+                csv=P.fedgsp.out("kappa.csv"),
                 figure=report(
-                    P.gsp_out("kappa.png"),
+                    P.fedgsp.out("kappa.png"),
                     caption="../report/fedgsp_kappa.rst",
                     category="FedGSP",
                 ),
             log:
-                P.logs(f"fedgsp/{P.gsp['dataset']}/kappa.log"),
+                P.logs(f"fedgsp/{P.fedgsp.dataset}/kappa.log"),
             params:
-                train=P.gsp_train(P.gsp_sweep("kappa")),
-                dirs=P.run_dirs(P.gsp_sweep("kappa")),
-                cost=P.gsp_cost(),
+                train=P.fedgsp.train(P.fedgsp.sweep("kappa")),
+                dirs=P.run_dirs(P.fedgsp.sweep("kappa")),
+                cost=P.fedgsp.cost(),
             shell:
                 "mcfl fedgsp kappa --store {input.store:q} --cost {params.cost:q} --train {params.train:q} "
                 '--out "$(dirname {output.csv:q})" {params.dirs:q} > {log:q} 2>&1'

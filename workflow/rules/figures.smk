@@ -1,13 +1,13 @@
 # FeSEM's clustering figures (§6.2) from a finished run's files: Fig. 4 (clients' local models in 2-D,
 # coloured by cluster and by true cluster) and Fig. 5 (samples of a few clients of each cluster), for
-# every dataset that has the run named in `figures` (its first seed: mcfl.plan.Plan.figure_run).
+# every dataset that has the run named in `figures` (its first seed: mcfl.plan.figures.FiguresPlan.figure_run).
 # Fig. 3 is drawn by `report`.
 
 
 rule figure_clusters:
     input:
         store=P.store_of,
-        state=P.figure_file("clusters", "state.pt"),
+        state=P.figures.figure_file("clusters", "state.pt"),
     output:
         png=report(
             P.res("figures/clusters_{dataset}.png"),
@@ -23,7 +23,7 @@ rule figure_clusters:
     resources:
         gpu=GPU,
     params:
-        run=P.figure_run_json,
+        run=P.figures.figure_run_json,
         clients=config["figures"]["clusters"]["clients"],
         projection=config["figures"]["clusters"]["projection"],
         seed=config["figures"]["seed"],
@@ -37,7 +37,7 @@ rule figure_clusters:
 rule figure_cases:
     input:
         store=P.store_of,
-        assignments=P.figure_file("cases", "assignments.csv"),
+        assignments=P.figures.figure_file("cases", "assignments.csv"),
     output:
         report(
             P.res("figures/cases_{dataset}.png"),
@@ -49,7 +49,7 @@ rule figure_cases:
     benchmark:
         P.res("benchmarks/figures/cases_{dataset}.tsv")
     params:
-        title=P.figure_cases_title,
+        title=P.figures.figure_cases_title,
         clients=config["figures"]["cases"]["clients"],
         samples=config["figures"]["cases"]["samples"],
         seed=config["figures"]["seed"],

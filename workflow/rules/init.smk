@@ -1,13 +1,13 @@
 # Cluster-centre initialisation (FeSEM §6.1): every client's first local model, then k-means with
-# 20 restarts; one file per distinct centre spec and seed (mcfl.plan.Plan.init_file), shared by the
+# 20 restarts; one file per distinct centre spec and seed (mcfl.plan.train.TrainPlan.init_file), shared by the
 # runs that would compute the same centres.
 
 
 rule init_centres:
     input:
-        unpack(P.init_inputs),
+        unpack(P.training.init_inputs),
     output:
-        P.init_file,
+        P.training.init_file,
     log:
         P.logs("init/{dataset}/{centres}/seed{seed}.log"),
     benchmark:
@@ -16,9 +16,9 @@ rule init_centres:
     resources:
         gpu=GPU,
     params:
-        run=P.init_json,
+        run=P.training.init_json,
         device=config["device"],
-        k=P.k_flag,
+        k=P.training.k_flag,
     shell:
         "mcfl init-centres --run {params.run:q} --store {input.store:q} --out {output:q} {params.k:q} "
         "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1"

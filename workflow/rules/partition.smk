@@ -5,14 +5,14 @@
 
 rule partition:
     input:
-        P.raw_store_of,
+        P.prepare.raw_store_of,
     output:
         directory(P.data("partitioned/{dataset}")),
     log:
         "logs/partition/{dataset}.log",
     params:
-        partition=P.partition_json,
+        partition=P.prepare.partition_json,
         store_format=STORE_FORMAT,  # a store of an older format is made again
-        args=P.partition_args,
+        args=P.prepare.partition_args,
     shell:
         "mcfl partition {input:q} --out {output:q} {params.args:q} > {log:q} 2>&1"

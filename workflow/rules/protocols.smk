@@ -3,42 +3,42 @@
 # clusters of writers group by (per-writer image statistics). Nothing is added without `protocols`.
 # Written inside the results directory (<results>/docs/...); `make docs-results` copies them into docs/.
 
-if P.protocols:
+if P.publishing.protocols:
 
     rule protocols_table:
         input:
             P.run_outputs("metrics.json"),
             P.run_outputs("predictions.csv"),
         output:
-            csv=P.protocols["out"] + ".csv",
-            markdown=P.protocols["out"] + ".md",
+            csv=P.publishing.protocols["out"] + ".csv",
+            markdown=P.publishing.protocols["out"] + ".md",
         log:
             P.logs("protocols_table.log"),
         params:
             runs=P.run_dirs(),
-            out=lambda w: P.protocols["out"],
-            reference=P.protocols["reference"],
+            out=lambda w: P.publishing.protocols["out"],
+            reference=P.publishing.protocols["reference"],
             # optional: left out when absent (`:q` renders an empty string as nothing)
-            paper=P.option("--paper-results", P.protocols["paper_results"]),
-            title=P.option("--title", P.protocols["title"]),
+            paper=P.publishing.option("--paper-results", P.publishing.protocols["paper_results"]),
+            title=P.publishing.option("--title", P.publishing.protocols["title"]),
         shell:
             "mcfl report-protocols --out {params.out:q} --reference {params.reference:q} "
             "{params.paper:q} {params.title:q} {params.runs:q} > {log:q} 2>&1"
 
 
-if P.protocols and P.clustered_runs():
+if P.publishing.protocols and P.publishing.clustered_runs():
 
     rule writer_clusters:
         input:
-            store=P.clustered_store(),
-            assignments=[f"{d}/assignments.csv" for d in P.clustered_runs()],
+            store=P.publishing.clustered_store(),
+            assignments=[f"{d}/assignments.csv" for d in P.publishing.clustered_runs()],
         output:
-            csv=P.protocols["out"] + "-clusters.csv",
-            markdown=P.protocols["out"] + "-clusters.md",
+            csv=P.publishing.protocols["out"] + "-clusters.csv",
+            markdown=P.publishing.protocols["out"] + "-clusters.md",
         log:
             P.logs("writer_clusters.log"),
         params:
-            runs=P.clustered_runs(),
-            out=lambda w: P.protocols["out"] + "-clusters",
+            runs=P.publishing.clustered_runs(),
+            out=lambda w: P.publishing.protocols["out"] + "-clusters",
         shell:
             "mcfl report-writers --store {input.store:q} --out {params.out:q} {params.runs:q} > {log:q} 2>&1"

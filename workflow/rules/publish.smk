@@ -1,7 +1,7 @@
 # The report as a documentation page with its provenance (`publish:`; mcfl.report.publish), written
 # inside the results directory (<results>/docs/...); `make docs-results` copies it into docs/.
 
-if P.publish:
+if P.publishing.publish:
 
     rule publish:
         input:
@@ -9,14 +9,14 @@ if P.publish:
             figures=rules.report.output.figures,
             runs=P.run_outputs("metrics.json"),
         output:
-            P.publish["out"] + ".md",
+            P.publishing.publish["out"] + ".md",
         log:
             P.logs("publish.log"),
         params:
             results=lambda w: P.results,
             runs=P.run_dirs(),
-            out=lambda w: P.publish["out"],
-            title=P.publish["title"],
+            out=lambda w: P.publishing.publish["out"],
+            title=P.publishing.publish["title"],
             config=(
                 os.path.relpath(workflow.overwrite_configfiles[0])
                 if workflow.overwrite_configfiles

@@ -1,31 +1,31 @@
 # K selection (FeSEM §5.2) for method entries with `K: auto`: one search per (dataset, run, seed) on
 # a sample of clients; its chosen K feeds that run's centre initialisation and training
-# (`--k-from`, mcfl.plan.Plan.k_input), and select_k.md/.csv report every candidate's scores.
+# (`--k-from`, mcfl.plan.train.TrainPlan.k_input), and select_k.md/.csv report every candidate's scores.
 
 
 rule select_k:
     input:
         store=P.store_of,
     output:
-        P.select_k_file,
+        P.training.select_k_file,
     log:
         P.logs("select_k/{dataset}/{run}/seed{seed}.log"),
     threads: 1
     resources:
         gpu=GPU,
     params:
-        run=P.run_json,
+        run=P.training.run_json,
         device=config["device"],
     shell:
         "mcfl select-k --run {params.run:q} --store {input.store:q} --out {output:q} "
         "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1"
 
 
-if P.auto_k():
+if P.training.auto_k():
 
     rule select_k_report:
         input:
-            [P.select_k_file.format(dataset=d, run=r, seed=s) for d, r, s in P.auto_k()],
+            P.training.select_k_files(),
         output:
             csv=P.res("select_k.csv"),
             markdown=P.res("select_k.md"),

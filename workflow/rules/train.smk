@@ -6,7 +6,7 @@
 
 rule train:
     input:
-        unpack(P.train_inputs),
+        unpack(P.training.train_inputs),
     output:
         metrics=P.run_file("metrics"),
         history=P.run_file("history"),
@@ -18,45 +18,45 @@ rule train:
     benchmark:
         P.res("benchmarks/train/{dataset}/{run}/seed{seed}.tsv")
     wildcard_constraints:
-        run=P.run_constraint(grouped=False),
+        run=P.training.run_constraint(grouped=False),
     threads: 1
     resources:
         gpu=GPU,
     params:
-        run=P.run_json,
-        centres=P.centres_flag,
-        checkpoint=P.checkpoint,
+        run=P.training.run_json,
+        centres=P.training.centres_flag,
+        checkpoint=P.training.checkpoint,
         tracking=P.tracking_flag(),
         device=config["device"],
-        k=P.k_flag,
+        k=P.training.k_flag,
     shell:
         "mcfl train --run {params.run:q} --store {input.store:q} {params.centres:q} {params.k:q} "
         '--out "$(dirname {output.metrics:q})" --checkpoint {params.checkpoint:q} {params.tracking:q} '
         "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1"
 
 
-if P.grouped:
+if P.training.grouped:
 
     rule train_seeds:
         input:
-            unpack(P.group_inputs),
+            unpack(P.training.group_inputs),
         output:
-            metrics=P.group_files("metrics"),
-            history=P.group_files("history"),
-            assignments=P.group_files("assignments"),
-            predictions=P.group_files("predictions"),
-            state=P.group_files("state"),
+            metrics=P.training.group_files("metrics"),
+            history=P.training.group_files("history"),
+            assignments=P.training.group_files("assignments"),
+            predictions=P.training.group_files("predictions"),
+            state=P.training.group_files("state"),
         log:
             P.logs("train/{dataset}/{run}/seeds.log"),
         benchmark:
             P.res("benchmarks/train/{dataset}/{run}/seeds.tsv")
         wildcard_constraints:
-            run=P.run_constraint(grouped=True),
+            run=P.training.run_constraint(grouped=True),
         threads: 1
         resources:
             gpu=GPU,
         params:
-            runs=P.group_args,  # --run, --out, --checkpoint [--centres] [--k-from], seed by seed
+            runs=P.training.group_args,  # --run, --out, --checkpoint [--centres] [--k-from], seed by seed
             tracking=P.tracking_flag(),
             device=config["device"],
         shell:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from mcfl.aggregate import WeightedSum, sq_distances, weighted_mean  # noqa: F401 (re-export)
+from mcfl.cluster.init import initial_centres
 from mcfl.federation import Federation
 
 
@@ -140,8 +141,6 @@ class CentredAlgorithm(Algorithm):
     needs_centres = True
 
     def init(self) -> CentresState:
-        from mcfl.cluster.init import initial_centres
-
         c = initial_centres(self.fed, self.p)
         return self.State(c.centres, c.assign)
 

@@ -22,7 +22,6 @@ stacked.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,8 +29,6 @@ import torch
 
 from mcfl.algorithms.base import param_span
 from mcfl.algorithms.fedavg import FedAvg
-from mcfl.engine import FlatModel
-from mcfl.executors import same_executor
 from mcfl.models.fusion import FusionNet
 
 
@@ -48,9 +45,8 @@ class FedFusion(FedAvg):
         super().__init__(fed, params)
         fed.model.load(fed.w0)                  # both extractors start from the run's initial weights
         net = FusionNet(fed.model.module, fed.data.x_shape, params.operator)
-        flat = FlatModel(net, fed.device)
-        trainer = same_executor(fed.trainer, flat, fed.dev)
-        self.fed = dataclasses.replace(fed, model=flat, trainer=trainer, w0=flat.get())
+        self.fed = fed.with_network(net)
+        flat = self.fed.model
         self.local_sl, self.glob_sl = param_span(flat, FusionNet.LOCAL), param_span(flat, FusionNet.GLOB)
 
     def server_step(self, w: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:

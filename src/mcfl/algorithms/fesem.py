@@ -54,6 +54,8 @@ import torch
 
 from mcfl.aggregate import WeightedSum, sq_distances
 from mcfl.algorithms.base import CentredAlgorithm, CentresState
+from mcfl.cluster.init import init_centres
+from mcfl.cluster.spec import centre_options
 from mcfl.engine import Task
 
 
@@ -166,8 +168,5 @@ class FeSEM(CentredAlgorithm):
         return State(centres, assign), diag
 
     def _warm_centres(self, warm: torch.Tensor, rnd: int) -> State:
-        from mcfl.cluster.init import init_centres
-        from mcfl.cluster.spec import centre_options
-
         c = init_centres(self.fed, self.p.K, start=warm, rnd=rnd, **centre_options(self.p))
         return self._shared_body(State(c.centres, c.assign))

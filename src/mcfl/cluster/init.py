@@ -46,6 +46,7 @@ from mcfl.aggregate import WeightedSum
 from mcfl.cluster.spec import centre_options
 from mcfl.engine import Task
 from mcfl.federation import Federation
+from mcfl.io import atomic_path
 from mcfl.streams import KMEANS, SKETCH, derive_seed
 
 INIT_ROUND = 0
@@ -156,8 +157,6 @@ def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str =
 
 
 def save_centres(c: Centres, path) -> None:
-    from mcfl.io import atomic_path
-
     with atomic_path(path) as tmp:
         torch.save({"centres": c.centres.cpu(), "assign": c.assign.cpu(), "inertia": c.inertia,
                     "projection": c.projection}, tmp)

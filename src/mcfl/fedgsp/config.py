@@ -14,6 +14,7 @@ import copy
 from typing import Any
 
 from mcfl.config import ConfigError, expand_runs
+from mcfl.io import canonical_json
 
 
 def check_fedgsp(cfg: dict, source: str = "config") -> None:
@@ -33,8 +34,6 @@ def base_entry(cfg: dict) -> dict:
 
 
 def _identity(run: dict) -> tuple:
-    from mcfl.io import canonical_json
-
     return tuple(canonical_json(run[k]) for k in ("dataset", "method", "params", "model", "train", "seed"))
 
 

@@ -302,7 +302,7 @@ class FedCGNet(nn.Module):
     The domain weights w(x) of Eq. 4 come from, in order: an explicit assignment set with
     :meth:`assigned` (pseudo-labels in training, oracle or k-means domains), else the teacher's
     argmax in train mode, else the student at test (``test_assignment``: ``soft`` probabilities,
-    ``hard`` argmax, or ``teacher`` argmax).
+    ``hard`` argmax, or ``teacher`` argmax; ``soft`` unless set for a block with :meth:`testing`).
     """
 
     def __init__(self, backbone: nn.Module, input_shape, K: int, *, layers: str = "last",
@@ -344,6 +344,17 @@ class FedCGNet(nn.Module):
                     m.reset_parameters()
         finally:
             torch.random.set_rng_state(state)
+
+    @contextlib.contextmanager
+    def testing(self, mode: str):
+        """Use test assignment ``mode`` (``soft``, ``hard`` or ``teacher``) inside the block."""
+        if mode not in ("soft", "hard", "teacher"):
+            raise ValueError(f"unknown test assignment {mode!r}")
+        old, self.test_assignment = self.test_assignment, mode
+        try:
+            yield self
+        finally:
+            self.test_assignment = old
 
     @contextlib.contextmanager
     def assigned(self, assign: torch.Tensor):

@@ -32,11 +32,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mcfl.cluster.icg import icg_groups, random_groups
+from mcfl.data.store import load
 from mcfl.fedgsp.metrics import (CostModel, class_counts, group_counts, pairwise_cpd,
                                  rounds_to_target, run_cost)
 from mcfl.io import atomic_path, read_run, write_text
 from mcfl.metrics import paired_counts, sign_test_p
 from mcfl.report.format import machine, machines_section, markdown_table, mean_std
+from mcfl.streams import GSP_GROUPING as GROUPING
+from mcfl.streams import SERVER, derive_seed
 
 #: Table 1 of the FedGSP paper (Zeng et al., DASFAA 2022) (LEAF's FEMNIST, 368 writers, target 80%): accuracy (%), test loss and
 #: rounds to the target (None: the paper's ×, never reached). NaiveGSP and NaiveGSP+ICG are not in it.
@@ -76,8 +80,6 @@ def _csv(df: pd.DataFrame, path: Path) -> None:
 
 
 def _store_stats(store) -> tuple[int, float]:
-    from mcfl.data import load
-
     d = load(store)
     return d.n_clients, float(np.diff(np.asarray(d.offsets_train)).mean())
 
@@ -133,11 +135,6 @@ def run_summary(rec: dict, target: float, K: int, n: float, cost: CostModel) -> 
 # -------------------------------------------------------------------------------------- Fig. 3a
 def cpd_study(store, groups: int, seeds: list[int], *, rounding: str = "paper", icg_iters: int = 10,
               sigma: float = 1.0) -> pd.DataFrame:
-    from mcfl.cluster.icg import icg_groups, random_groups
-    from mcfl.data import load
-    from mcfl.streams import GSP_GROUPING as GROUPING
-    from mcfl.streams import SERVER, derive_seed
-
     d = load(store)
     V = class_counts(np.asarray(d.y_train), np.asarray(d.offsets_train), d.n_classes)
     rows = [pd.DataFrame({"method": "FedAvg", "seed": s, "cpd": pairwise_cpd(V, sigma)}) for s in seeds]

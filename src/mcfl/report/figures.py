@@ -2,19 +2,13 @@
 
 **Fig. 4, clustering analysis** (:func:`clusters_figure`). The paper plots "each device's local model
 as one point in the 2D space after PCA" for 400 random devices, with FeSEM(4). FeSEM keeps centres,
-not local models, so the local models are recomputed: the run's final state (``state.pt``: centres
-and assignments) is loaded and the algorithm's own ``round`` is called once more, for the sampled
-clients only, at round R+1. Every local model that round computes (FeSEM: local SGD from the
-client's centre with the distance term of Eq. 7) is recorded as the engine yields it, restricted to
-the coordinates the E-step compares (``distance``), and the round's result is thrown away. The local
-models are therefore exactly those the sampled clients would send in the next round; the engine's
-per-(seed, round, client) randomness makes them independent of which other clients are sampled.
-Points are coloured by the run's final cluster and, in a second panel, by the true cluster where the
+not local models: :mod:`mcfl.cluster.snapshot` recomputes the sampled clients' local models from the
+run's final state (the next round's, exactly), and this module draws them. Points are coloured by the run's final cluster and, in a second panel, by the true cluster where the
 data have one (colours of true clusters matched to FeSEM's clusters by the Hungarian method, so equal
 colours mean matched clusters). PCA by default, t-SNE (after PCA to 50 dimensions) as an option, both
-scikit-learn; the centres are drawn as crosses in the PCA plot. When the sampled models would take more
-than ``max_bytes``, PCA runs on a seeded random subset of coordinates (squared distances scale by the
-fraction kept, in expectation). The 2-D points are written next to the PNG as CSV.
+scikit-learn; the centres are drawn as crosses in the PCA plot. Very large models are projected from a
+seeded random subset of coordinates (squared distances scale by the fraction kept, in expectation).
+The 2-D points are written next to the PNG as CSV.
 
 **Fig. 5, case study** (:func:`cases_figure`). The paper shows a few writers of each FeSEM(2) cluster.
 Here a few random clients of each final cluster (``assignments.csv``), with a few random training
@@ -26,6 +20,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -34,7 +29,11 @@ import torch
 from mcfl.streams import FIGURE_CLIENTS as SAMPLE_CLIENTS
 from mcfl.streams import FIGURE_ROWS as SAMPLE_ROWS
 from mcfl.streams import derive_seed
+from mcfl.data.store import load
 from mcfl.io import atomic_path
+
+if TYPE_CHECKING:
+    from mcfl.cluster.snapshot import ClusterSnapshot
 
 
 
@@ -54,27 +53,6 @@ def _save(fig, path: str | Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ Fig. 4
-def local_models(algo, state, clients: np.ndarray, rnd: int, sel: slice) -> dict[int, np.ndarray]:
-    """client -> the ``sel`` coordinates of the local model ``algo.round`` computes for it at ``rnd``."""
-    trainer, seen = algo.fed.trainer, {}
-    real_run = trainer.run
-
-    def recording(tasks, r):
-        for task, res in real_run(tasks, r):
-            seen[task.client] = res.weights[sel].cpu().numpy()
-            yield task, res
-
-    trainer.run = recording
-    try:
-        algo.round(state, clients, rnd)
-    finally:
-        del trainer.run                                     # back to the class's method
-    missing = sorted(set(int(c) for c in clients) - set(seen))
-    if missing:
-        raise ValueError(f"{algo.name}.round computed no local model for clients {missing[:5]}")
-    return seen
-
-
 def match_colours(assign: np.ndarray, truth: np.ndarray) -> dict[int, int]:
     """true cluster -> colour index: the FeSEM cluster it overlaps most (Hungarian), else a fresh one."""
     from scipy.optimize import linear_sum_assignment
@@ -126,41 +104,14 @@ def _spread(feats: np.ndarray, assign: np.ndarray, centres: dict) -> float | Non
     return float(np.median(own) / np.median(between)) if np.median(between) > 0 else None
 
 
-def clusters_figure(run: dict, store: str | Path, state_path: str | Path, out: str | Path, *,
-                    n_clients: int = 400, projection: str = "pca", seed: int = 0,
-                    device: str | torch.device = "cpu", max_bytes: int = 1 << 30) -> str:
-    """FeSEM Fig. 4 for one clustered run; writes ``out`` (PNG) and ``out`` with suffix .csv."""
+def clusters_figure(snap: ClusterSnapshot, out: str | Path, *, projection: str = "pca",
+                    seed: int = 0) -> str:
+    """FeSEM Fig. 4 of a clustered run's local models (:func:`mcfl.cluster.snapshot.cluster_snapshot`);
+    writes ``out`` (PNG) and ``out`` with suffix .csv."""
     from sklearn.metrics import adjusted_rand_score
 
-    from mcfl import algorithms
-    from mcfl.data.store import load
-    from mcfl.federation import build_federation
-
-    cls = algorithms.get(run["method"])
-    if not cls.clustered:
-        raise ValueError(f"{run['label']} does not cluster clients; Fig. 4 needs a clustered run")
-    data = load(store)
-    fed = build_federation(data, run["model"], run["train"], run["seed"], device)
-    params = cls.Params(**run["params"])
-    algo = cls(fed, params)
-    saved = torch.load(state_path, map_location=fed.device, weights_only=True)
-    if not saved:
-        raise ValueError(f"{state_path}: holds no state (written for an unclustered run)")
-    state = algo.load_state(saved)
-    assign = np.asarray(algo.assignments(state))
-    m = fed.n_clients
-    rng = np.random.default_rng(derive_seed(seed, SAMPLE_CLIENTS))
-    clients = np.sort(rng.choice(m, size=min(int(n_clients), m), replace=False))
-    sel = fed.model.select(getattr(params, "distance", "all"))
-    models = local_models(algo, state, clients, int(run["train"]["rounds"]) + 1, sel)
-    feats = np.stack([models[int(c)] for c in clients])
-    centres = {int(assign[np.asarray(mem)[0]]): w[sel].cpu().numpy() for w, mem in algo.eval_models(state)
-               if len(mem)} if projection == "pca" else {}
-    width = feats.shape[1]
-    keep = max(2, int(max_bytes // (4 * len(clients))))
-    if width > keep:                                            # very large models: subsample coordinates
-        cols = np.sort(rng.choice(width, size=keep, replace=False))
-        feats, centres = feats[:, cols], {k: v[cols] for k, v in centres.items()}
+    run, data, assign, clients, feats = snap.run, snap.data, snap.assign, snap.clients, snap.feats
+    centres, m = snap.centres, data.n_clients
     ks = sorted(centres)
     spread = _spread(feats, assign[clients], centres)
     xy, cxy, axes = project(feats.astype(np.float64),
@@ -233,8 +184,6 @@ def pick_cases(assignments: pd.DataFrame, clients_per_cluster: int, seed: int) -
 def cases_figure(store: str | Path, assignments: str | Path, out: str | Path, *,
                  clients_per_cluster: int = 3, samples: int = 8, seed: int = 0, title: str = "") -> str:
     """FeSEM Fig. 5: a few training samples of a few clients of each cluster, side by side."""
-    from mcfl.data.store import load
-
     data = load(store)
     a = pd.read_csv(assignments, dtype={"client": str})
     if a["client"].tolist() != list(data.client_ids):

@@ -21,6 +21,7 @@ import pandas as pd
 
 from mcfl.io import atomic_path, read_run, write_text
 from mcfl.report.format import markdown_table, mean_std
+from mcfl.report.paper import write_comparison
 
 METRICS = ["micro_acc", "micro_f1", "macro_acc", "macro_f1"]
 CLUSTER = ["ari", "nmi"]
@@ -95,8 +96,6 @@ def convergence_figure(hist: pd.DataFrame, dataset: str, path: Path) -> None:
 
 
 def write_report(run_dirs: list[Path], out: Path, sources: dict[str, str] | None = None) -> None:
-    from mcfl.report.paper import write_comparison
-
     finals, hist = collect(run_dirs)
     table = summary_table(finals)
     with atomic_path(out / "table.csv") as tmp:

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mcfl.data.store import load
 from mcfl.io import atomic_path, read_run, write_text
 from mcfl.report.format import markdown_table
 
@@ -112,8 +113,6 @@ def write(store_path: str | Path, run_dirs: list[str | Path], out: str | Path, *
           shares: bool = False) -> pd.DataFrame:
     """``<out>.csv`` (label, seed, stat, eta2, kruskal_p, clusters) and ``<out>.md`` from clustered runs;
     with ``shares``, ``<out>-shares.csv`` too (module docstring)."""
-    from mcfl.data.store import load
-
     stats = writer_stats(load(store_path))
     rows, means, share_rows, mix = [], {}, [], {}
     for d in run_dirs:
