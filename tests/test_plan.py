@@ -194,12 +194,12 @@ def test_study_tables_and_pages_are_written_inside_the_results_directory():
     (`make docs-results` copies <results>/docs/ there)."""
     p = Plan(_config(results="res", protocols={"out": "docs/results/t"},
                      publish={"out": "docs/results/page", "title": "T"}))
-    assert p.protocols["out"] == "res/docs/results/t" and p.publish["out"] == "res/docs/results/page"
+    assert p.publishing.protocols["out"] == "res/docs/results/t" and p.publishing.publish["out"] == "res/docs/results/page"
     targets = p.targets()
     assert "res/docs/results/t.csv" in targets and "res/docs/results/t.md" in targets
     assert "res/docs/results/page.md" in targets
     assert all(t.startswith("res/") for t in targets), [t for t in targets if not t.startswith("res/")]
     gsp = Plan(_config(results="res", fedgsp={**read_yaml(ROOT / "config" / "config.yaml")["fedgsp"],
                                               "publish": {"out": "./docs/results/g", "title": "G"}}))
-    assert gsp.gsp["publish"]["out"] == "res/docs/results/g"
+    assert gsp.fedgsp.block["publish"]["out"] == "res/docs/results/g"
     assert "res/docs/results/g.md" in gsp.targets()
