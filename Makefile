@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine:
-#   make reproduce   set up .venv, then run the whole Snakemake DAG on config/config.yaml
+#   make reproduce   set up .venv, then run the whole Snakemake DAG on config/config.yaml (via dvc repro)
 #   make test        set up .venv, then run the test suite
 # and three for the documentation site (docs/, mkdocs.yml):
 #   make docs        build it into site/ (MkDocs, strict: any warning fails)
@@ -15,7 +15,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup reproduce test test-fast dry-run report clean femnist-sample femnist-sample-paper \
-	femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg femnist-flic femnist-sample-variants femnist-sample-switches femnist-sample-h248 fesem-digits-variants docs docs-check docs-serve docs-results lock
+	femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg femnist-flic femnist-sample-variants femnist-sample-switches femnist-sample-h248 fesem-digits-variants docs docs-check docs-serve docs-results lock dvc-lock
 
 # requirements.lock pins every package (torch included) to the tested set: `make` installs exactly
 # that, with uv (about 36 s) or, where uv fails, pip (about 2 min 45 s); MCFL_INSTALLER=pip forces
@@ -27,8 +27,15 @@ $(STAMP): pyproject.toml requirements.lock workflow/scripts/install_venv.py
 
 setup: $(STAMP)
 
+# `dvc repro`: Snakemake on the config params.yaml names (config/config.yaml as shipped), then
+# dvc.lock records the code, config and outputs, so `dvc status` is clean after it (docs/reproducing.md).
+# `make dvc-lock` records the code's and config's hashes in dvc.lock without running anything
+# (outputs keep the hashes last recorded): after a code change, before committing.
 reproduce: setup
-	$(BIN)/snakemake --cores $(CORES) --configfile config/config.yaml
+	MCFL_CORES=$(CORES) $(BIN)/dvc repro
+
+dvc-lock: setup
+	$(BIN)/python workflow/scripts/dvc_lock.py
 
 # The studies beside `make reproduce` (the real-writer ones: hours on a CPU, resumable: run again to
 # continue; a job killed mid-run resumes from its checkpoint, hence --rerun-incomplete; after a killed

@@ -5,6 +5,9 @@
 #   snakemake --cores all --configfile config/paper-femnist.yaml   # that config alone
 #   snakemake -n                                         # what would run
 #   snakemake --report report.html                       # tables and figures with captions
+import os
+import sys
+
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -15,6 +18,11 @@ min_version("9.0")
 if not workflow.overwrite_configfiles:
 
     configfile: "config/config.yaml"
+
+
+# The rules call the `mcfl` command: Snakemake's own environment first on PATH, so that
+# `.venv/bin/snakemake` works without an activated environment.
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
 
 include: "workflow/rules/common.smk"
