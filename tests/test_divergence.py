@@ -186,3 +186,44 @@ def test_fedgsp_table_marks_a_row_with_a_diverged_seed(tmp_path):
     assert "69.5 ± 46.8 †" in gsp and gsp.count("†") == 2
     assert "†" not in next(ln for ln in md.splitlines() if ln.startswith("| FedAvg |"))
     assert "NaiveGSP+ICG: 1 of 3 seeds diverged (seed 2 from round 2" in divergence_notes(recs)
+
+
+def test_readme_table_carries_the_footnotes_of_its_rows(tmp_path):
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("sync_results", ROOT / "docs" / "tools" / "sync_results.py")
+    sync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sync)
+    table = tmp_path / "table.md"
+    table.write_text("| dataset | partition | method | seeds | micro acc | micro F1 | macro acc | macro F1 | ARI |\n"
+                     "|---|---|---|---|---|---|---|---|---|\n"
+                     "| digits_2class | natural | FedGSP | 3 | 70.2 ± 47.5 † | 1 † | 70.0 ± 47.0 † | 1 † |  |\n"
+                     "| digits_2class | natural | NaiveGSP | 3 | 60.0 ± 40.0 † | 1 † | 60.0 ± 40.0 † | 1 † |  |\n"
+                     "\n† FedGSP on digits_2class: 1 of 3 seeds diverged (seed 2 from round 50: ...).\n"
+                     "† NaiveGSP on digits_2class: 1 of 3 seeds diverged (seed 0 from round 9: ...).\n")
+    out = sync.readme_table(table, tmp_path)
+    assert "| digits_2class | FedGSP | 70.2 ± 47.5 † | 70.0 ± 47.0 † |  |" in out
+    # the README shows FedGSP's row, not NaiveGSP's: only FedGSP's footnote comes along
+    assert "† FedGSP on digits_2class: 1 of 3 seeds diverged (seed 2 from round 50: ...)." in out
+    assert "NaiveGSP on" not in out
+
+
+def test_chain_stability_rows_by_hand(tmp_path):
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("chain", ROOT / "docs" / "tools" / "chain_stability.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "metrics.json").write_text(json.dumps({
+        "label": "NaiveGSP+ICG", "seed": 2, "cpu": "AVX512", "final": {"micro_acc": 0.154},
+        "config": {"train": {"lr": 0.1}}, "diverged": {"round": 6, "reason": "...", "rounds": [6]}}))
+    # rounds 4-6 are the second half: accuracy 0.95, 0.962, 0.154 -> lowest 15.4, largest drop 80.8
+    pd.DataFrame({"round": range(1, 7), "micro_acc": [0.2, 0.5, 0.9, 0.95, 0.962, 0.154],
+                  "train_loss": [2.0, 1.0, 0.3, 0.1, 0.08, 1.11]}).to_csv(d / "history.csv", index=False)
+    assert tool.row(d) == ["NaiveGSP+ICG", "2", "AVX512", "0.1", "none", "15.4", "15.4", "80.8", "1.110", "6"]
