@@ -82,6 +82,7 @@ def _train(store, out, **train):
     return run_train(run, store, out, device="cpu", progress=False)
 
 
+@pytest.mark.faults
 def test_a_run_whose_model_blows_up_is_marked(synthetic_store, tmp_path, monkeypatch, caplog):
     _blow_up_at(monkeypatch, 4, 200.0)
     with caplog.at_level(logging.WARNING, logger="mcfl"):
@@ -100,6 +101,7 @@ def test_a_run_whose_model_blows_up_is_marked(synthetic_store, tmp_path, monkeyp
     assert len(lines) == 1 and "synthetic FedAvg seed 0" in lines[0] and "train.max_grad_norm" in lines[0]
 
 
+@pytest.mark.faults
 def test_a_normal_run_is_not_marked_and_writes_what_it_wrote_before(synthetic_store, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="mcfl"):
         _train(synthetic_store, tmp_path / "ok")
@@ -109,6 +111,7 @@ def test_a_normal_run_is_not_marked_and_writes_what_it_wrote_before(synthetic_st
     assert not [r for r in caplog.records if "diverged" in r.getMessage()]
 
 
+@pytest.mark.faults
 def test_a_resumed_run_keeps_its_mark(synthetic_store, tmp_path, monkeypatch):
     """Killed after the jump and resumed: the mark and the running minima come back from the
     checkpoint's history, and the outputs equal an uninterrupted run's."""
