@@ -9,7 +9,9 @@ last, so a killed job leaves nothing the report could take for a result):
 * ``history.csv``      one row per round: train loss, the algorithm's diagnostics, test metrics
   on evaluation rounds (:mod:`mcfl.evaluation`; a named protocol's as ``NAME/micro_acc`` ...), and
   the round's seconds of local training, of the rest of the round and of evaluation
-  (:mod:`mcfl.timing`; ``metrics.json`` has their totals under ``time_s``);
+  (:mod:`mcfl.timing`; ``metrics.json`` has their totals under ``time_s``); on a round whose loss
+  jumped far above its best so far (:mod:`mcfl.divergence`), a ``diverged`` column with the reason,
+  and ``metrics.json`` gets ``diverged: {round, reason, rounds}`` (both absent if no round jumped);
 * ``assignments.csv``  client id, true cluster, final cluster (blank for unclustered methods), and
   any further per-client columns the method has (FedCG: ``domain_share_<k>``);
 * ``predictions.csv``  the final evaluation's prediction for every test sample, in the store's test
