@@ -96,7 +96,11 @@ def readme_table(table_md: Path, results: Path) -> str:
     for key in README_ROWS:
         if key in rows:
             out.append("| " + " | ".join(rows[key].get(c, "") for c in README_COLUMNS) + " |")
-    return "\n".join(out) + "\n\n" + provenance(results, table_md)
+    # the footnotes on diverged runs (mcfl.report.format.diverged_note) of the rows shown
+    shown = {f"{m} on {d}" for d, m in README_ROWS}
+    notes = [ln for ln in table_md.read_text().splitlines()
+             if ln.startswith("† ") and ln[2:].split(":")[0] in shown]
+    return "\n".join(out) + "\n\n" + "".join(n + "\n\n" for n in notes) + provenance(results, table_md)
 
 
 def update_readme(table_md: Path, results: Path) -> None:

@@ -9,7 +9,9 @@ last, so a killed job leaves nothing the report could take for a result):
 * ``history.csv``      one row per round: train loss, the algorithm's diagnostics, test metrics
   on evaluation rounds (:mod:`mcfl.evaluation`; a named protocol's as ``NAME/micro_acc`` ...), and
   the round's seconds of local training, of the rest of the round and of evaluation
-  (:mod:`mcfl.timing`; ``metrics.json`` has their totals under ``time_s``);
+  (:mod:`mcfl.timing`; ``metrics.json`` has their totals under ``time_s``); on a round whose loss
+  jumped far above its best so far (:mod:`mcfl.divergence`), a ``diverged`` column with the reason,
+  and ``metrics.json`` gets ``diverged: {round, reason, rounds}`` (both absent if no round jumped);
 * ``assignments.csv``  client id, true cluster, final cluster (blank for unclustered methods), and
   any further per-client columns the method has (FedCG: ``domain_share_<k>``);
 * ``predictions.csv``  the final evaluation's prediction for every test sample, in the store's test
@@ -46,6 +48,7 @@ import torch
 
 from mcfl import algorithms
 from mcfl.data.store import StoreError, load, warn_untested
+from mcfl.divergence import COLUMN as DIVERGED, DivergenceWatch, summary as divergence_summary
 from mcfl.errors import REMEDY, DivergenceError
 from mcfl.evaluation import RoundCache, evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
@@ -196,6 +199,8 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     bar = _progress(range(start, rounds + 1), run, progress)
     # the trainer the algorithm trains with: FedCG and FedFusion build one for their own network
     clock = LocalClock(algo.fed.trainer, fed.device)
+    watch = DivergenceWatch()           # a loss far above its best so far marks the round
+    watch.replay(rows)
     status = "FAILED"
     try:
         for r in bar:
@@ -219,13 +224,17 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
             eval_s = time.perf_counter() - t_eval
             row.update(zip(TIME_COLUMNS, (round(local_s, 4), round(round_s - local_s, 4), round(eval_s, 4))))
             _check_finite(row, r)
+            why = watch.check(row)
+            if why:
+                _warn_diverged(run, r, why, rows)
+                row[DIVERGED] = why
             rows.append(row)
             tracker.log({k: v for k, v in row.items() if k != "round"}, step=r)
             if ck_every and r % ck_every == 0 and r < rounds:
                 _save_checkpoint(ckpt_path, algo, state, r, rows, identity, tracking_id,
                                  _segments(ck, here, start, r))
                 tracker.flush()
-        final = {k: v for k, v in rows[-1].items() if k != "round" and k not in TIME_COLUMNS}
+        final = {k: v for k, v in rows[-1].items() if k not in ("round", DIVERGED) and k not in TIME_COLUMNS}
         result = _write_outputs(out_dir, run, here, algo, state, fed, rows, final, pred,
                                 time.time() - t0, _segments(ck, here, start, rounds) if ck else None)
         tracker.artifacts([out_dir / f for f in OUTPUTS])
@@ -244,6 +253,18 @@ def _check_finite(row: dict, rnd: int) -> None:
     bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         raise DivergenceError(f"round {rnd}: non-finite {', '.join(bad)}; {REMEDY}")
+
+
+def _warn_diverged(run: dict, rnd: int, why: str, rows: list[dict]) -> None:
+    """The log's line for a flagged round: the first in full, later ones briefly."""
+    from mcfl.errors import REMEDY
+
+    who = f"{run['dataset']} {run['label']} seed {run['seed']}"
+    if any(r.get(DIVERGED) for r in rows):
+        log.warning("%s: round %d: loss still far above its best (%s)", who, rnd, why)
+    else:
+        log.warning("%s diverged in round %d: %s; the run goes on, marked as diverged in history.csv, "
+                    "metrics.json and the tables; %s", who, rnd, why, REMEDY)
 
 
 def _progress(it, run, enabled):
@@ -279,6 +300,9 @@ def _write_outputs(out_dir: Path, run, machine, algo, state, fed, rows, final, p
     result["partition"] = run.get("partition", "natural")          # which partition made the data
     if segments:                 # a resumed run: which machine trained which rounds (report.format)
         result["segments"] = segments
+    diverged = divergence_summary(rows)
+    if diverged:                 # a loss jump (mcfl.divergence): the tables mark the run
+        result[DIVERGED] = diverged
     if fed.data.domain_test is not None:        # which ``domain`` ids of predictions.csv are unseen
         result["unseen_domains"] = fed.data.unseen_domains
     result["config"] = run                                         # the resolved run, for `mcfl track`

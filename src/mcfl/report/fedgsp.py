@@ -38,7 +38,8 @@ from mcfl.fedgsp.metrics import (CostModel, class_counts, group_counts, pairwise
                                  rounds_to_target, run_cost)
 from mcfl.io import atomic_path, read_run, write_text
 from mcfl.metrics import paired_counts, sign_test_p
-from mcfl.report.format import machine, machines_section, markdown_table, mean_std
+from mcfl.report.format import (diverged_cell, diverged_note, machine, machines_section, markdown_table,
+                                mean_std)
 from mcfl.streams import GSP_GROUPING as GROUPING
 from mcfl.streams import SERVER, derive_seed
 
@@ -95,7 +96,8 @@ def load_runs(run_dirs: list[Path], train: list[dict] | None = None) -> list[dic
     for d, t in zip(run_dirs, train):
         m = read_run(d, history=True, predictions=True)
         run = {"label": m["label"], "method": m.get("method", m["label"]), "dataset": m.get("dataset", ""),
-               "seed": m["seed"], "params": m["params"], "train": t, "machine": machine(m), "dir": Path(d)}
+               "seed": m["seed"], "params": m["params"], "train": t, "machine": machine(m), "dir": Path(d),
+               "diverged": m.get("diverged")}
         out.append({"run": run, "final": m["final"], "hist": m["history"],
                     **{k: m[k] for k in ("y", "hit") if k in m}})
     return out
@@ -122,7 +124,8 @@ def run_summary(rec: dict, target: float, K: int, n: float, cost: CostModel) -> 
     rt = rounds_to_target(ev["round"].to_numpy(), ev["micro_acc"].to_numpy(), target)
     row = {"method": rec["run"]["label"], "seed": rec["run"]["seed"],
            "accuracy": rec["final"]["micro_acc"], "loss": rec["final"]["test_loss"],
-           "rounds_to_target": rt}
+           "rounds_to_target": rt,
+           "diverged_round": (rec["run"].get("diverged") or {}).get("round", np.nan)}
     f, trained = per_round_groups(rec, K)
     e = float(rec["run"]["train"].get("local_epochs", 1))
     at = run_cost(f[:rt], trained[:rt], K, n, e, cost) if rt else {}
@@ -203,6 +206,7 @@ def table(recs: list[dict], target: float, K: int, n: float, cost: CostModel) ->
         paired = g.dropna(subset=["only_this"])
         p = paper.get(m)
         row = {"method": m, "n_seeds": len(g), "seeds": ",".join(str(s) for s in g["seed"]), "target": target,
+               "n_diverged": int(g["diverged_round"].notna().sum()),
                "accuracy_mean": g["accuracy"].mean(), "accuracy_std": g["accuracy"].std(ddof=1),
                "loss_mean": g["loss"].mean(), "loss_std": g["loss"].std(ddof=1),
                "rounds_to_target_mean": reached.mean() if len(reached) else np.nan,
@@ -236,8 +240,10 @@ def table_markdown(t: pd.DataFrame) -> str:
     for _, r in t.iterrows():
         n, k = int(r["n_seeds"]), int(r["seeds_reaching_target"])
         rounds = "×" if not k else f"{r['rounds_to_target_mean']:.1f}" + ("" if k == n else f" ({k}/{n})")
-        row = [r["method"], r.get("seeds", n), mean_std(r["accuracy_mean"], r["accuracy_std"], scale=100),
-               mean_std(r["loss_mean"], r["loss_std"], 3), rounds,
+        bad = r.get("n_diverged", 0)
+        row = [r["method"], r.get("seeds", n),
+               diverged_cell(mean_std(r["accuracy_mean"], r["accuracy_std"], scale=100), bad),
+               diverged_cell(mean_std(r["loss_mean"], r["loss_std"], 3), bad), rounds,
                mean_std(r["t_comp_s_to_target"], digits=2), mean_std(r["t_comm_s_to_target"]),
                mean_std(r["d_comm_bytes_to_target"], digits=2, scale=1e-9)]
         if paired:
@@ -254,6 +260,14 @@ def table_markdown(t: pd.DataFrame) -> str:
         notes += (" Paper: Table 1 of Zeng et al. (003) on LEAF's FEMNIST with 368 writers, not these "
                   "writers; × = never reached.")
     return notes + "\n\n" + markdown_table(head, rows)
+
+
+def divergence_notes(recs: list[dict]) -> str:
+    """Footnotes on the diverged runs of Table 1 ("" if none)."""
+    n = pd.Series([r["run"]["label"] for r in recs]).value_counts()
+    lines = diverged_note([{**r["run"], "n_seeds": int(n[r["run"]["label"]])} for r in recs],
+                          lambda r: r["label"])
+    return "\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 def curves_figure(recs: list[dict], path: Path) -> None:
@@ -307,7 +321,8 @@ def write_table(run_dirs: list[Path], train: list[dict], store, target: float, o
     _csv(per.round(6), out / "runs.csv")
     _csv(t.round(6), out / "table.csv")
     where = machines_section(per, {"runs": "machine"}, lambda r: f"{r['method']} seed {r['seed']}")
-    write_text(out / "table.md", table_markdown(t) + "\n**Machines.**\n\n" + "\n".join(where) + "\n")
+    write_text(out / "table.md", table_markdown(t) + divergence_notes(recs)
+               + "\n**Machines.**\n\n" + "\n".join(where) + "\n")
     curves_figure(recs, out / "curves.png")
     cost_figure(t, out / "cost.png")
     return t

@@ -6,6 +6,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from mcfl.divergence import FACTOR
+
 
 def mean_std(mean, std=None, digits: int = 1, scale: float = 1.0, sign: bool = False) -> str:
     """``mean ± std`` (times ``scale``, ``digits`` decimals, ``+`` shown if ``sign``); ``mean``
@@ -14,6 +16,32 @@ def mean_std(mean, std=None, digits: int = 1, scale: float = 1.0, sign: bool = F
         return ""
     s = f"{float(mean) * scale:{'+' if sign else ''}.{digits}f}"
     return s if pd.isna(std) else s + f" ± {float(std) * scale:.{digits}f}"
+
+
+#: the mark of a table cell whose mean includes a diverged run (mcfl.divergence)
+DIVERGED = "†"
+
+
+def diverged_cell(cell: str, n_diverged) -> str:
+    """``cell`` with the diverged mark if any of its runs diverged (and it is not empty)."""
+    return f"{cell} {DIVERGED}" if cell and not pd.isna(n_diverged) and int(n_diverged) > 0 else cell
+
+
+def diverged_note(runs: Iterable[dict], what: Callable[[dict], str]) -> list[str]:
+    """Footnote lines under a table, one per row with diverged runs: ``runs`` are records with
+    ``diverged`` (metrics.json's, or None), ``seed`` and ``n_seeds`` (the row's seed count); ``what``
+    names the row of a run. Empty when no run diverged."""
+    rows: dict[str, list[dict]] = {}
+    for r in runs:
+        if r.get("diverged"):
+            rows.setdefault(what(r), []).append(r)
+    lines = []
+    for name, rs in rows.items():
+        seeds = ", ".join(f"seed {r['seed']} from round {r['diverged']['round']}" for r in rs)
+        lines.append(f"{DIVERGED} {name}: {len(rs)} of {rs[0]['n_seeds']} seeds diverged ({seeds}: a loss "
+                     f"above {FACTOR:g}x its lowest, the run's history.csv column `diverged`); "
+                     f"the mean ± std include them.")
+    return lines
 
 
 def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:

@@ -7,6 +7,11 @@ blank for one seed) over seeds of micro/macro accuracy and F1 in percent, as in 
 plus ARI and NMI against the true clusters (fractions; blank where the data have no ground truth or
 the method does not cluster). ``table.md`` shows the same as ``mean ± std``.
 
+Diverged runs (:mod:`mcfl.divergence`: a loss jump during training, recorded in the run's
+``metrics.json``) stay in the mean, so the row shows what the configuration gave, and are never
+averaged in silently: ``n_diverged`` counts them, ``table.md`` marks the row's cells with ``†`` and
+a footnote under the table names the seeds and the round each diverged in.
+
 ``figures/convergence_<dataset>.png``: micro accuracy against round for every FeSEM(K) (mean over
 seeds, band = ±1 std), FedAvg dashed as the reference (FeSEM Fig. 3); every method where the
 dataset has neither (a tuning sweep).
@@ -20,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from mcfl.io import atomic_path, read_run, write_text
-from mcfl.report.format import markdown_table, mean_std
+from mcfl.report.format import diverged_cell, diverged_note, markdown_table, mean_std
 from mcfl.report.paper import write_comparison
 
 METRICS = ["micro_acc", "micro_f1", "macro_acc", "macro_f1"]
@@ -33,7 +38,8 @@ def collect(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     for d in run_dirs:
         m = read_run(d, history=True)
         finals.append({"dataset": m["dataset"], "partition": m.get("partition", "natural"),
-                       "method": m["label"], "seed": m["seed"], **m["final"]})
+                       "method": m["label"], "seed": m["seed"], **m["final"],
+                       "diverged": m.get("diverged")})
         h = m["history"]
         h["dataset"], h["method"], h["seed"] = m["dataset"], m["label"], m["seed"]
         hists.append(h)
@@ -45,7 +51,8 @@ def summary_table(finals: pd.DataFrame) -> pd.DataFrame:
     order = list(dict.fromkeys(zip(finals["dataset"], finals["partition"], finals["method"])))
     for ds, part, method in order:
         g = finals[(finals["dataset"] == ds) & (finals["partition"] == part) & (finals["method"] == method)]
-        row = {"dataset": ds, "partition": part, "method": method, "n_seeds": len(g)}
+        row = {"dataset": ds, "partition": part, "method": method, "n_seeds": len(g),
+               "n_diverged": int(g["diverged"].notna().sum()) if "diverged" in g else 0}
         for k in METRICS:
             v = g[k].astype(float) * 100
             row[f"{k}_mean"], row[f"{k}_std"] = v.mean(), v.std(ddof=1)
@@ -61,9 +68,22 @@ def summary_table(finals: pd.DataFrame) -> pd.DataFrame:
 def to_markdown(t: pd.DataFrame) -> str:
     head = ["dataset", "partition", "method", "seeds", "micro acc", "micro F1", "macro acc", "macro F1", "ARI"]
     rows = [[r["dataset"], r["partition"], r["method"], str(int(r["n_seeds"]))]
-            + [mean_std(r[f"{k}_mean"], r[f"{k}_std"]) for k in METRICS]
+            + [diverged_cell(mean_std(r[f"{k}_mean"], r[f"{k}_std"]), r.get("n_diverged")) for k in METRICS]
             + [mean_std(r["ari_mean"], r["ari_std"], 3)] for _, r in t.iterrows()]
     return markdown_table(head, rows)
+
+
+def divergence_notes(finals: pd.DataFrame) -> str:
+    """The footnotes of ``table.md`` on diverged runs ("" if none)."""
+    if "diverged" not in finals:
+        return ""
+    n = finals.groupby(["dataset", "partition", "method"], sort=False)["seed"].transform("size")
+    runs = [{**r, "n_seeds": k} for r, k in zip(finals.to_dict("records"), n)]
+    for r in runs:
+        r["diverged"] = r["diverged"] if isinstance(r["diverged"], dict) else None
+    lines = diverged_note(runs, lambda r: f"{r['method']} on {r['dataset']}"
+                          + ("" if r["partition"] == "natural" else f" ({r['partition']})"))
+    return "\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 def convergence_figure(hist: pd.DataFrame, dataset: str, path: Path) -> None:
@@ -100,7 +120,7 @@ def write_report(run_dirs: list[Path], out: Path, sources: dict[str, str] | None
     table = summary_table(finals)
     with atomic_path(out / "table.csv") as tmp:
         table.round(4).to_csv(tmp, index=False)
-    write_text(out / "table.md", to_markdown(table))
+    write_text(out / "table.md", to_markdown(table) + divergence_notes(finals))
     write_comparison(table, out, sources)          # paper_comparison.csv/.md (mcfl.report.paper)
     for ds in dict.fromkeys(finals["dataset"]):
         convergence_figure(hist, ds, out / "figures" / f"convergence_{ds}.png")
