@@ -31,8 +31,10 @@ setup: $(STAMP)
 # dvc.lock records the code, config and outputs, so `dvc status` is clean after it (docs/reproducing.md).
 # `make dvc-lock` records the code's and config's hashes in dvc.lock without running anything
 # (outputs keep the hashes last recorded): after a code change, before committing.
-reproduce: setup
-	MCFL_CORES=$(CORES) $(BIN)/dvc repro
+# workflow/scripts/reproduce.py runs `make setup`, then `dvc repro`, and writes what each took (and
+# the jobs it ran) to results/reproduce.json, which `make docs-results` shows in the README.
+reproduce:
+	MCFL_CORES=$(CORES) $(PYTHON) workflow/scripts/reproduce.py
 
 dvc-lock: setup
 	$(BIN)/python workflow/scripts/dvc_lock.py

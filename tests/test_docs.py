@@ -239,3 +239,21 @@ def test_the_words_check_catches_what_it_should():
             "an NVIDIA H200, 2026-11-27", "shared body", "Table 2 of the journal version"]
     assert all(PROCESS_WORDS.search(s) for s in bad)
     assert not any(PROCESS_WORDS.search(s) for s in good)
+
+
+def test_the_reproduce_time_shown_is_the_one_make_reproduce_wrote(tmp_path):
+    """`make reproduce` writes results/reproduce.json; `make docs-results` puts its figures between
+    the README's and the quickstart's markers, replacing what an earlier run wrote there."""
+    import json
+
+    sync = _load("sync_results")
+    (tmp_path / "reproduce.json").write_text(json.dumps({
+        "started": "2026-11-28 02:00 UTC", "setup_s": 55.2, "dag_s": 745.0, "jobs": 82, "run_folders": 129,
+        "job_s": 1425.4, "config": "config/config.yaml", "cpu": "AMD EPYC 7B13", "cores": 2, "git": "abc1234"}))
+    page = tmp_path / "page.md"
+    page.write_text("before\n<!-- reproduce-time:start -->\nold 17 min\n<!-- reproduce-time:end -->\nafter\n")
+    sync.update_reproduce(tmp_path, pages=(page,))
+    text = page.read_text()
+    assert "old 17 min" not in text and text.startswith("before\n") and text.endswith("after\n")
+    assert "**13 min 20 s**" in text and "55 s to set up" in text and "12 min 25 s for the DAG's 82 jobs" in text
+    assert "129 run folders" in text and "1,425 s" in text and "AMD EPYC 7B13 (2 cores), 2026-11-28, git abc1234" in text

@@ -12,7 +12,9 @@ revision, on which machine):
     results/figures/*.png                  -> docs/figures/dag/
     results/fedgsp/<dataset>/*.png         -> docs/figures/dag/fedgsp_<dataset>_*.png
 
-It also rewrites the README's short table (between ``<!-- results-table:start -->`` and
+It also writes what the last ``make reproduce`` took (``results/reproduce.json``) into the README and
+the quickstart (between ``<!-- reproduce-time:start -->`` and ``<!-- reproduce-time:end -->``), and
+rewrites the README's short table (between ``<!-- results-table:start -->`` and
 ``<!-- results-table:end -->``) from ``results/table.md``: the rows of README_ROWS.
 
 The studies' tables and pages (a config's ``protocols`` and ``publish`` blocks) are written by the
@@ -114,6 +116,36 @@ def update_readme(table_md: Path, results: Path) -> None:
     print(f"{table_md} -> README.md (short table)")
 
 
+def minutes(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m} min {s} s" if m else f"{s} s"
+
+
+def reproduce_sentence(record: dict) -> str:
+    """What the last ``make reproduce`` took, from its ``reproduce.json`` (workflow/scripts/reproduce.py)."""
+    total = record["setup_s"] + record["dag_s"]
+    return (f"`make reproduce` took **{minutes(total)}** on {record['cpu']} ({record['cores']} cores), "
+            f"{record['started'][:10]}, git {record['git']}: {minutes(record['setup_s'])} to set up `.venv`, "
+            f"{minutes(record['dag_s'])} for the DAG's {record['jobs']} jobs on `{record['config']}`, which "
+            f"left {record['run_folders']} run folders; the jobs' own times sum to {record['job_s']:,.0f} s "
+            f"(`results/benchmarks/`, `python benchmarks/workflow_stages.py` breaks them down).")
+
+
+def update_reproduce(results: Path, pages: tuple[Path, ...] = (ROOT / "README.md", DOCS / "quickstart.md")) -> None:
+    """The sentence between ``<!-- reproduce-time:start -->`` and ``<!-- reproduce-time:end -->``."""
+    record_file = results / "reproduce.json"
+    if not record_file.exists():
+        print(f"{record_file}: absent (written by `make reproduce`); the reproduce time is left as it is")
+        return
+    sentence = reproduce_sentence(json.loads(record_file.read_text()))
+    pat = re.compile(r"(<!-- reproduce-time:start -->\n)(?:.*?\n)?(<!-- reproduce-time:end -->)", re.S)
+    for page in pages:
+        text = page.read_text()
+        if pat.search(text):
+            page.write_text(pat.sub(lambda m: m.group(1) + sentence + "\n" + m.group(2), text))
+            print(f"{record_file} -> {page} (reproduce time)")
+
+
 def copy_study(results: Path, root: Path = ROOT) -> list[Path]:
     """Copy what a study's DAG wrote for the documentation (``results/docs/``) to the same paths under
     ``root``, unchanged; returns the files written. Files there that the study did not write stay."""
@@ -167,6 +199,7 @@ def main() -> None:
     print(f"{res}/figures/*.png -> {fig.relative_to(ROOT)}/")
     if not a.no_readme:
         update_readme(res / "table.md", res)
+        update_reproduce(res)
 
 
 if __name__ == "__main__":
