@@ -429,9 +429,30 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool = False) -> dict:
     return run
 
 
+#: the default config's file name (``config/config.yaml``): it keeps the schema's ``results`` and
+#: ``experiment`` defaults instead of names derived from the file name
+DEFAULT_CONFIG_STEM = "config"
+
+
+def name_defaults(cfg: Any, path: str | Path) -> Any:
+    """Fill the ``results`` and ``experiment`` a config file leaves out from its file name, so that
+    two configs never write into one results folder or MLflow experiment: ``my-leaf.yaml`` ->
+    ``results: results-my-leaf``, ``experiment: my-leaf``. A file named ``config.yaml`` (the
+    default config's name) keeps the schema's defaults, ``results`` and ``mcfl``. Characters
+    other than letters, digits, ``.``, ``_`` and ``-`` become ``_``."""
+    import re
+
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem) or "config"
+    if isinstance(cfg, dict) and stem != DEFAULT_CONFIG_STEM:
+        cfg.setdefault("results", f"results-{stem}")
+        cfg.setdefault("experiment", stem)
+    return cfg
+
+
 def load_config(path: str | Path) -> dict:
+    """Read, complete (:func:`name_defaults`, the schema's defaults) and validate a config file."""
     path = Path(path)
-    cfg = read_yaml(path)
+    cfg = name_defaults(read_yaml(path), path)
     try:
         return validate(cfg, str(path))
     except ConfigError as e:

@@ -10,13 +10,15 @@ import time
 
 from snakemake.exceptions import WorkflowError
 
-from mcfl.config import ConfigError, read_yaml, validate
+from mcfl.config import ConfigError, name_defaults, read_yaml, validate
 from mcfl.data.store import FORMAT as STORE_FORMAT  # a param of the rules that write stores
 from mcfl.plan import Plan
 
 try:
     for _f in workflow.configfiles:  # Snakemake's YAML loader keeps a duplicated key's last value
         read_yaml(_f)
+    if workflow.configfiles:  # `results`/`experiment` left out: named after the (last) config file
+        name_defaults(config, workflow.configfiles[-1])
     validate(config, " + ".join(map(str, workflow.configfiles)) or "config")
     P = Plan(config)
 except ConfigError as e:
