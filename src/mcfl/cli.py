@@ -162,6 +162,10 @@ def _cmd_check_config(a) -> int:
     print(f"{a.config}: OK, {len(runs)} training runs")
     for r in runs:
         print(f"  {r['dataset']:<12} {r['label']:<14} seed {r['seed']}")
+    if a.estimate:
+        from mcfl.cost import estimate
+
+        print(estimate(cfg).summary(cores=available_cores()))
     return 0
 
 
@@ -421,6 +425,9 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     p = sub.add_parser("check-config", help="validate a config, list its runs and estimate what "
                                             "they cost on this machine")
     p.add_argument("config", help="the config file (YAML), e.g. config/config.yaml")
+    p.add_argument("--estimate", action=argparse.BooleanOptionalAction, default=True,
+                   help="time a few local steps of each model here and print what the runs cost "
+                        "(a few seconds; default: on)")
     sub.add_parser("methods", help="list algorithms and their hyperparameters")
     helps = {"init-centres": "initialise cluster centres", "train": "train one run (or several: repeat --run)",
              "select-k": "choose K for a run with K: auto (FeSEM §5.2)"}

@@ -52,6 +52,14 @@ SWEEP = {}
 
 
 onstart:
+    # what the training still to do costs on this machine (mcfl.cost; `mcfl check-config` shows it
+    # run by run): timed on a few local steps of each model, a few seconds
+    try:
+        from mcfl.cost import estimate
+
+        print(estimate(config, pending=True).summary(cores=workflow._cores, detail=False), flush=True)
+    except Exception as e:  # noqa: BLE001 - an estimate never stops the workflow
+        print(f"(no cost estimate: {e})")
     if config["tracking"]:
         from mcfl.track import SWEEP_ENV, init_sweep
 
