@@ -45,3 +45,73 @@ def test_shipped_configs_keep_their_results_folders(name):
     raw = read_yaml(ROOT / "config" / name)
     overlay = "methods" not in raw          # e.g. six-seeds.yaml
     assert overlay or ("results" in raw and "experiment" in raw), name
+
+
+def _costed(tmp_path, **train):
+    from mcfl.config import validate
+
+    cfg = {"seeds": [0, 1], "results": str(tmp_path / "res"), "data_dir": str(tmp_path / "data"),
+           "datasets": {"mine": {"prepare": {"source": "digits", "clients": 10, "clusters": 2},
+                                 "model": {"name": "digits_cnn"},
+                                 "train": {"rounds": 3, "clients_per_round": 4, "batch_size": 10,
+                                           "local_epochs": 2, "eval_every": 2, **train}}},
+           "methods": [{"method": "FedAvg"}, {"method": "FeSEM", "K": 2}]}
+    return validate(cfg)
+
+
+def test_the_estimate_is_runs_times_rounds_times_seconds_per_round(tmp_path):
+    from mcfl.cost import DataSize, estimate
+
+    size = DataSize((1, 8, 8), 10, n_clients=10, n_train=200, n_test=50, origin="test")
+    batches = []
+
+    def timer(model, shape, classes, batch, device):      # 1 ms per sample trained, 1 ms per test
+        batches.append(batch)
+        return batch * 0.001, 0.001
+
+    est = estimate(_costed(tmp_path), timer=timer, sizes={"mine": size}, pending=True)
+    # by hand: 20 samples a client, batches of 10 -> 2 steps an epoch x 2 epochs = 4 steps;
+    # a round: 4 clients x 4 steps x 0.01 s = 0.16 s; evaluations after rounds 2 and 3: 2 x 50 x
+    # 0.001 s = 0.1 s; FeSEM's centres: 10 clients x 4 steps x 0.01 s = 0.4 s, once per seed
+    assert batches == [10]                                 # one measurement serves every run
+    assert [(r.label, r.seed) for r in est.runs] == [("FedAvg", 0), ("FedAvg", 1), ("FeSEM(2)", 0),
+                                                    ("FeSEM(2)", 1)]
+    assert est.runs[0].round_s == pytest.approx(0.16) and est.runs[0].evals == 2
+    assert est.runs[0].total_s == pytest.approx(3 * 0.16 + 2 * 0.05)
+    assert est.runs[2].init_s == pytest.approx(0.4)
+    assert est.total_s == pytest.approx(2 * (0.58 + 0.98))
+    assert "4 training runs x 3 rounds = 3 s of training" in est.summary()
+    assert est.hint() == ""
+
+
+def test_batched_steps_are_timed_on_the_round_s_clients_at_once_and_long_studies_get_a_hint(tmp_path):
+    from mcfl.cost import DataSize, estimate
+
+    size = DataSize((1, 8, 8), 10, n_clients=10, n_train=200, n_test=50, origin="test")
+    batches = []
+
+    def timer(model, shape, classes, batch, device):
+        batches.append(batch)
+        return 1000.0, 0.0                                 # 1000 s per stacked step of 4 clients
+
+    est = estimate(_costed(tmp_path, executor="batched"), timer=timer, sizes={"mine": size})
+    assert batches == [40]                                 # the 4 clients' batches stacked
+    assert est.runs[0].round_s == pytest.approx(4 * 4 * 1000 / 4)
+    if est.device == "cpu":
+        assert "a GPU (device: cuda)" in est.hint()
+    assert "fewer rounds" in est.hint() and est.summary().endswith(est.hint())
+
+
+def test_leaf_json_sizes_come_from_num_samples(tmp_path):
+    import json
+
+    from mcfl.cost import data_size
+
+    for split, counts in (("train", [30, 50]), ("test", [3, 5])):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / "a.json").write_text(json.dumps(
+            {"users": ["u", "v"], "num_samples": counts, "user_data": {}}))
+    ds = {"prepare": {"source": "leaf_json", "dir": str(tmp_path), "n_classes": 62},
+          "model": {"name": "femnist_cnn"}}
+    s = data_size(ds, tmp_path / "none", tmp_path / "none")
+    assert (s.n_clients, s.n_train, s.n_test, s.x_shape, s.n_classes) == (2, 80, 8, (1, 28, 28), 62)
