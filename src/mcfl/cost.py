@@ -360,3 +360,44 @@ def _leaf_counts(root: Path) -> tuple[int, int, int] | None:
                 counts += [int(v) for v in m.group(1).split(b",") if v.strip()]
         out[split] = counts
     return len(out["train"]), sum(out["train"]), sum(out["test"])
+
+
+def time_run(run: dict, store, device: str, rounds: int = 2, warmup: int = 1) -> dict[str, float]:
+    """A run's cost measured on its prepared ``store``: its initialisation, the median of ``rounds``
+    training rounds after ``warmup`` untimed ones, and one evaluation with every named protocol,
+    extrapolated to the run (``run_s`` = init + rounds x s/round + evaluations x s/eval).
+    Slower than :func:`estimate` (it builds the federation and runs the method), and exact about
+    what a method adds to local training. Used by ``benchmarks/study_cost.py``."""
+    import torch
+
+    from mcfl import algorithms
+    from mcfl.data import load
+    from mcfl.evaluation import evaluate, evaluate_protocol, protocols
+    from mcfl.federation import build_federation
+    from mcfl.trainspec import TrainSpec
+
+    data = load(store)
+    cls = algorithms.get(run["method"])
+    tcfg = TrainSpec.of(run["train"])                  # the schema's defaults, as `mcfl train` reads them
+    fed = build_federation(data, run["model"], tcfg, run["seed"], torch.device(device))
+    algo = cls(fed, cls.Params(**run["params"]))
+    t = time.perf_counter()
+    state = algo.init()
+    init_s = time.perf_counter() - t
+    walls = []
+    for r in range(1, warmup + rounds + 1):
+        t = time.perf_counter()
+        state, _ = algo.round(state, fed.clients(r), r)
+        if r > warmup:
+            walls.append(time.perf_counter() - t)
+    r = warmup + rounds
+    t = time.perf_counter()
+    evaluate(algo, state, fed, finetune_epochs=tcfg.finetune_epochs, rnd=r)
+    for proto in protocols(tcfg.eval_protocols).values():
+        evaluate_protocol(proto, algo, state, fed, r)
+    eval_s = time.perf_counter() - t
+    total_rounds = tcfg.rounds
+    evals = evaluations(total_rounds, tcfg.eval_every)
+    per_round = statistics.median(walls)
+    return {"round_s": per_round, "eval_s": eval_s, "init_s": init_s,
+            "run_s": init_s + total_rounds * per_round + evals * eval_s}
