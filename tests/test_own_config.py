@@ -115,3 +115,28 @@ def test_leaf_json_sizes_come_from_num_samples(tmp_path):
           "model": {"name": "femnist_cnn"}}
     s = data_size(ds, tmp_path / "none", tmp_path / "none")
     assert (s.n_clients, s.n_train, s.n_test, s.x_shape, s.n_classes) == (2, 80, 8, (1, 28, 28), 62)
+
+
+def test_centre_initialisation_reports_progress_per_client(digits_store, capsys, caplog):
+    """`mcfl init-centres` shows a bar over the clients and logs its steps (as training shows its
+    rounds), so a long initialisation does not leave its log empty; the centres are the same."""
+    import logging
+
+    import torch
+
+    from mcfl.cluster.init import init_centres
+    from mcfl.data import load
+    from mcfl.federation import build_federation
+
+    fed = build_federation(load(digits_store), {"name": "digits_cnn"},
+                           {"lr": 0.1, "batch_size": 5, "local_epochs": 1, "rounds": 1}, seed=0)
+    with caplog.at_level(logging.INFO, logger="mcfl.cluster.init"):
+        shown = init_centres(fed, 2, restarts=2, progress=True)
+    err = capsys.readouterr().err
+    assert f"{fed.n_clients}/{fed.n_clients}" in err and "first local models" in err
+    steps = [r.getMessage() for r in caplog.records]
+    assert steps[0].startswith(f"first local models of {fed.n_clients} clients") and "k-means" in steps[1]
+    caplog.clear()
+    quiet = init_centres(fed, 2, restarts=2)
+    assert capsys.readouterr().err == "" and not [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert torch.equal(shown.centres, quiet.centres) and torch.equal(shown.assign, quiet.assign)
