@@ -269,7 +269,7 @@ def measure_step(model: dict, x_shape: tuple, n_classes: int, batch_size: int, d
             opt.step()
 
         train = _timed(step, repeats, device)
-        n = 256
+        n = 64
         xt = torch.rand((n, *x_shape), generator=g).to(device)
         with torch.no_grad():
             test = _timed(lambda: net(xt), repeats, device) / n
