@@ -31,5 +31,8 @@ def test_methods_shows_each_title_up_to_its_full_stop(capsys):
     assert cli.main(["methods"]) == 0
     out = capsys.readouterr().out
     # FeSEM's module docstring breaks its first sentence over two lines: it is shown whole
-    assert "Clients Clustering for Better Personalization\", World Wide Web 2022" in " ".join(out.split())
+    text = " ".join(out.split())
+    assert "Clients Clustering for Better Personalization\", World Wide Web 2022" in text
+    # a full stop inside a citation's parentheses does not end the title
+    assert "growth functions Eqs. 1-3) and its ablations NaiveGSP and NaiveGSP+ICG" in text
     assert "`" not in out

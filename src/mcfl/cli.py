@@ -77,10 +77,14 @@ def _plain(text: str) -> str:
 
 
 def _first_sentence(text: str) -> str:
-    """The first sentence of ``text`` (up to '. ' or the end), on one line."""
-    text = " ".join(text.split())
-    end = text.find(". ")
-    return text if end < 0 else text[:end + 1]
+    """The first sentence of ``text`` on one line: up to the first '. ' outside parentheses (a
+    citation's "Eqs. 6-8" does not end it), or the end."""
+    text, depth = " ".join(text.split()), 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "." and depth <= 0 and text[i + 1:i + 2] == " ":
+            return text[:i + 1]
+    return text
 
 
 def available_cores() -> int:
