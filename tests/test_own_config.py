@@ -140,3 +140,20 @@ def test_centre_initialisation_reports_progress_per_client(digits_store, capsys,
     quiet = init_centres(fed, 2, restarts=2)
     assert capsys.readouterr().err == "" and not [r for r in caplog.records if r.levelno >= logging.INFO]
     assert torch.equal(shown.centres, quiet.centres) and torch.equal(shown.assign, quiet.assign)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/quickstart.md"])
+def test_the_own_data_example_is_a_valid_quick_config(page, tmp_path):
+    """The example of 'Your own LEAF data' validates, lands in its own folder, and evaluates often
+    enough that the convergence figure is a curve."""
+    import re
+
+    text = (ROOT / page).read_text()
+    block = re.search(r"```yaml\n# my-leaf.yaml\n(.*?)```", text, re.S).group(1)
+    path = tmp_path / "my-leaf.yaml"
+    path.write_text(block)
+    cfg = load_config(path)
+    assert cfg["results"] == "results-my-leaf"
+    for r in expand_runs(cfg):
+        assert r["train"]["rounds"] // r["train"]["eval_every"] >= 5
+    assert "mcfl check-config my-leaf.yaml" in text and "results-my-leaf/" in text
