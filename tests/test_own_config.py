@@ -150,8 +150,11 @@ def test_the_own_data_example_is_a_valid_quick_config(page, tmp_path):
 
     text = (ROOT / page).read_text()
     block = re.search(r"```yaml\n# my-leaf.yaml\n(.*?)```", text, re.S).group(1)
+    for split in ("train", "test"):                  # a LEAF folder where the example's path is
+        (tmp_path / "leaf" / split).mkdir(parents=True)
+        (tmp_path / "leaf" / split / "a.json").write_text('{"users": [], "num_samples": [], "user_data": {}}')
     path = tmp_path / "my-leaf.yaml"
-    path.write_text(block)
+    path.write_text(block.replace("/path/to/leaf/data/femnist/data", str(tmp_path / "leaf")))
     cfg = load_config(path)
     assert cfg["results"] == "results-my-leaf"
     for r in expand_runs(cfg):
