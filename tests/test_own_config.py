@@ -82,6 +82,11 @@ def test_the_estimate_is_runs_times_rounds_times_seconds_per_round(tmp_path):
     assert est.total_s == pytest.approx(2 * (0.58 + 0.98))
     assert "4 training runs x 3 rounds = 3 s of training" in est.summary()
     assert est.hint() == ""
+    # the centres' first local models are trained twice when they do not fit in 256 MiB together
+    from mcfl.cost import init_passes, n_params
+
+    assert n_params({"name": "femnist_cnn"}, DataSize((1, 28, 28), 62, 1, 1, 1, "")) == 6_603_710
+    assert init_passes(105, 6_603_710) == 2 and init_passes(100, 13_706) == 1
 
 
 def test_batched_steps_are_timed_on_the_round_s_clients_at_once_and_long_studies_get_a_hint(tmp_path):

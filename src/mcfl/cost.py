@@ -11,7 +11,7 @@ on a random batch of its batch size (after an untimed warm-up step), and a forwa
 batch of test inputs, on the device the config names (``device: auto``: the GPU when PyTorch sees
 one) with one CPU thread, as each workflow job trains. ``init`` is the centre initialisation of the
 clustered methods that need one (every client's first local model, one per centre file the runs
-share). Local steps per client are ``local_steps``, or ``local_epochs`` passes over a client's mean
+share; twice when those models do not fit in memory together and are trained again). Local steps per client are ``local_steps``, or ``local_epochs`` passes over a client's mean
 number of training samples. Evaluations happen every ``eval_every`` rounds and after the last.
 The batched executor trains a round's clients in one vectorised step: it is timed as one step on
 their batches stacked (:func:`batched_group`).
@@ -156,9 +156,34 @@ def evaluations(rounds: int, every: int) -> int:
     return rounds // every + (rounds % every != 0)
 
 
+def init_passes(n_clients: int, n_params: int) -> int:
+    """Passes of local training over every client that the centre initialisation makes: one, or
+    two when the clients' first local models do not fit in its memory budget together
+    (:func:`mcfl.cluster.init.init_centres`' ``keep_bytes``: they are trained again)."""
+    import inspect
+
+    from mcfl.cluster.init import init_centres
+
+    keep = inspect.signature(init_centres).parameters["keep_bytes"].default
+    return 1 if n_clients * n_params * 4 <= keep else 2
+
+
+def n_params(model: dict, size: DataSize) -> int:
+    """The number of weights of a run's model (built on PyTorch's meta device: no memory)."""
+    import torch
+
+    from mcfl import models
+
+    with torch.device("meta"):
+        net = models.build(model["name"], tuple(size.x_shape), size.n_classes,
+                           **{k: v for k, v in model.items() if k != "name"})
+    return sum(p.numel() for p in net.parameters())
+
+
 def run_cost(run: dict, size: DataSize, step_s: float, sample_s: float, *,
-             with_init: bool = False) -> RunCost:
-    """One run's cost from the per-step times (the arithmetic of the module docstring)."""
+             init_passes: int = 0) -> RunCost:
+    """One run's cost from the per-step times (the arithmetic of the module docstring);
+    ``init_passes``: local trainings of every client charged to it for the centre initialisation."""
     from mcfl.trainspec import TrainSpec
 
     t = TrainSpec.of(run["train"])
@@ -168,7 +193,7 @@ def run_cost(run: dict, size: DataSize, step_s: float, sample_s: float, *,
     round_s = clients * steps * step_s
     finetune = int(t.finetune_epochs) * size.n_clients * max(1, math.ceil(per_client / int(t.batch_size)))
     eval_s = size.n_test * sample_s + finetune * step_s
-    init_s = size.n_clients * steps * step_s if with_init else 0.0
+    init_s = init_passes * size.n_clients * steps * step_s
     return RunCost(run["dataset"], run["label"], int(run["seed"]), int(t.rounds), round_s,
                    evaluations(int(t.rounds), int(t.eval_every)), eval_s, init_s)
 
@@ -202,12 +227,13 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
         if key not in measured:
             step_s, sample_s = timer(run["model"], tuple(size.x_shape), size.n_classes, batch, device)
             measured[key] = (step_s / group, sample_s)
-        init = bool(run.get("needs_centres"))
-        if init:
+        init = 0
+        if run.get("needs_centres"):
             ck = (run["dataset"], run["seed"], centre_key(run))
-            init = ck not in centres
+            if ck not in centres:
+                init = init_passes(size.n_clients, n_params(run["model"], size))
             centres.add(ck)
-        out.append(run_cost(run, size, *measured[key], with_init=init))
+        out.append(run_cost(run, size, *measured[key], init_passes=init))
     return Estimate(out, device, sizes)
 
 
