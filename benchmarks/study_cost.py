@@ -1,4 +1,6 @@
-"""What a whole config costs before it runs: time a few rounds of each of its runs, extrapolate.
+"""What a whole config costs before it runs: time a few rounds of each of its runs, extrapolate
+(:func:`mcfl.cost.time_run`). ``mcfl check-config`` prints a quicker estimate from a few timed local
+steps (:func:`mcfl.cost.estimate`); this one runs each method's real rounds on the prepared data.
 
 For every distinct run of the config's first seed (each method entry on each dataset, with its own
 train settings: executor, local epochs or steps, clients per round, evaluation protocols), this builds
@@ -20,47 +22,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from _common import machine
 
-
-def time_run(run: dict, store, device: str, rounds: int, warmup: int) -> dict[str, float]:
-    from mcfl import algorithms
-    from mcfl.data import load
-    from mcfl.evaluation import evaluate, evaluate_protocol, protocols
-    from mcfl.federation import build_federation
-    from mcfl.trainspec import TrainSpec
-
-    data = load(store)
-    cls = algorithms.get(run["method"])
-    tcfg = TrainSpec.of(run["train"])                  # the schema's defaults, as `mcfl train` reads them
-    fed = build_federation(data, run["model"], tcfg, run["seed"], torch.device(device))
-    algo = cls(fed, cls.Params(**run["params"]))
-    t = time.perf_counter()
-    state = algo.init()
-    init_s = time.perf_counter() - t
-    walls = []
-    for r in range(1, warmup + rounds + 1):
-        t = time.perf_counter()
-        state, _ = algo.round(state, fed.clients(r), r)
-        if r > warmup:
-            walls.append(time.perf_counter() - t)
-    r = warmup + rounds
-    t = time.perf_counter()
-    evaluate(algo, state, fed, finetune_epochs=tcfg.finetune_epochs, rnd=r)
-    for proto in protocols(tcfg.eval_protocols).values():
-        evaluate_protocol(proto, algo, state, fed, r)
-    eval_s = time.perf_counter() - t
-    total_rounds, every = tcfg.rounds, tcfg.eval_every
-    evals = total_rounds // every + (total_rounds % every != 0)
-    per_round = statistics.median(walls)
-    return {"round_s": per_round, "eval_s": eval_s, "init_s": init_s,
-            "run_s": init_s + total_rounds * per_round + evals * eval_s}
+from mcfl.cost import time_run
 
 
 def main(argv=None) -> int:

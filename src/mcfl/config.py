@@ -429,6 +429,26 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool = False) -> dict:
     return run
 
 
+#: the default config's file name (``config/config.yaml``): it keeps the schema's ``results`` and
+#: ``experiment`` defaults instead of names derived from the file name
+DEFAULT_CONFIG_STEM = "config"
+
+
+def name_defaults(cfg: Any, path: str | Path) -> Any:
+    """Fill the ``results`` and ``experiment`` a config file leaves out from its file name, so that
+    two configs never write into one results folder or MLflow experiment: ``my-leaf.yaml`` ->
+    ``results: results-my-leaf``, ``experiment: my-leaf``. A file named ``config.yaml`` (the
+    default config's name) keeps the schema's defaults, ``results`` and ``mcfl``. Characters
+    other than letters, digits, ``.``, ``_`` and ``-`` become ``_``."""
+    import re
+
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem) or "config"
+    if isinstance(cfg, dict) and stem != DEFAULT_CONFIG_STEM:
+        cfg.setdefault("results", f"results-{stem}")
+        cfg.setdefault("experiment", stem)
+    return cfg
+
+
 def merge(base: dict, overlay: dict, where: str = "overlay") -> dict:
     """``overlay`` merged into ``base`` (in place; returned) as Snakemake merges ``--configfile a b``:
     a mapping merges key by key, any other value (a list included) replaces the base's. An overlay
@@ -479,9 +499,10 @@ def read_configs(paths) -> dict:
 
 
 def load_config(*paths: str | Path) -> dict:
-    """Read, merge in order (a base config, then overlays) and validate config files."""
+    """Read and merge in order (a base config, then overlays), complete (:func:`name_defaults`: from
+    the last file's name; the schema's defaults) and validate config files."""
     source = " + ".join(map(str, paths))
-    cfg = read_configs(paths)
+    cfg = name_defaults(read_configs(paths), paths[-1])
     try:
         return validate(cfg, source)
     except ConfigError as e:

@@ -13,17 +13,20 @@ from snakemake.exceptions import WorkflowError
 
 from snakemake.utils import update_config
 
-from mcfl.config import ConfigError, read_configs, validate
+from mcfl.config import ConfigError, name_defaults, read_configs, validate
 from mcfl.data.store import FORMAT as STORE_FORMAT  # a param of the rules that write stores
 from mcfl.plan import Plan
 
 try:
     # The config files are read and merged by mcfl's loader (as `mcfl check-config A B` does: an
-    # overlay's `replace:` keys, a duplicated key refused), then `--config KEY=VALUE` on top.
+    # overlay's `replace:` keys, a duplicated key refused), then `--config KEY=VALUE` on top;
+    # `results`/`experiment` left out are named after the last config file.
     _merged = read_configs(workflow.configfiles)
     update_config(_merged, workflow.config_settings.config)
     config.clear()
     config.update(_merged)
+    if workflow.configfiles:
+        name_defaults(config, workflow.configfiles[-1])
     validate(config, " + ".join(map(str, workflow.configfiles)) or "config")
     P = Plan(config)
 except ConfigError as e:
@@ -57,6 +60,14 @@ SWEEP = {}
 
 
 onstart:
+    # what the training still to do costs on this machine (mcfl.cost; `mcfl check-config` shows it
+    # run by run): timed on a few local steps of each model, a few seconds
+    try:
+        from mcfl.cost import estimate
+
+        print(estimate(config, pending=True).summary(cores=workflow._cores, detail=False), flush=True)
+    except Exception as e:  # noqa: BLE001 - an estimate never stops the workflow
+        print(f"(no cost estimate: {e})")
     if config["tracking"]:
         from mcfl.track import SWEEP_ENV, init_sweep
 

@@ -6,10 +6,15 @@ rule report:
     input:
         P.run_outputs("metrics.json"),
     output:
-        table=report(P.res("table.csv"), caption="../report/table.rst", category="Tables"),
+        # Snakemake's report shows HTML inline (a CSV only as a download): the tables as web pages
+        table=P.res("table.csv"),
+        html=report(P.res("table.html"), caption="../report/table.rst", category="Tables"),
         markdown=P.res("table.md"),
         paper=P.res("paper_comparison.md"),
         paper_csv=P.res("paper_comparison.csv"),
+        paper_html=report(
+            P.res("paper_comparison.html"), caption="../report/paper_comparison.rst", category="Tables"
+        ),
         figures=report(
             [P.res(f"figures/convergence_{d}.png") for d in config["datasets"]],
             caption="../report/convergence.rst",

@@ -37,6 +37,7 @@ Peak memory is then O(m·k + K·|W|), not O(m·|W|).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,8 @@ from mcfl.engine import Task
 from mcfl.federation import Federation
 from mcfl.io import atomic_path
 from mcfl.streams import KMEANS, SKETCH, derive_seed
+
+log = logging.getLogger(__name__)
 
 INIT_ROUND = 0
 #: automatic projection: when the exact m x d float32 features would exceed this many bytes ...
@@ -91,23 +94,33 @@ def projection_dim(m: int, d: int, projection: int | None) -> int:
     return PROJECTION_DIM if m * d * 4 > FEATURE_BYTES and d > PROJECTION_DIM else 0
 
 
-def first_local_models(fed: Federation, start: torch.Tensor | None = None, rnd: int = INIT_ROUND):
+def first_local_models(fed: Federation, start: torch.Tensor | None = None, rnd: int = INIT_ROUND,
+                       progress: str | None = None):
     """Every client's local model trained from ``start`` (default: the common initial weights) with
-    round ``rnd``'s batches."""
+    round ``rnd``'s batches. ``progress``: a description for a progress bar over the clients (a
+    tqdm bar on stderr, as training shows its rounds), or None for none."""
     start = fed.w0 if start is None else start
     tasks = (Task(c, start) for c in range(fed.n_clients))
-    for task, res in fed.trainer.run(tasks, rnd):
+    results = fed.trainer.run(tasks, rnd)
+    if progress:
+        from tqdm import tqdm
+
+        results = tqdm(results, total=fed.n_clients, desc=progress, unit="client", mininterval=1.0,
+                       dynamic_ncols=True)
+    for task, res in results:
         yield task.client, res
 
 
 def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str = "all",
                  weighted: bool = False, method: str = "kmeans", projection: int | None = None,
                  keep_bytes: int = 256 << 20, start: torch.Tensor | None = None,
-                 rnd: int = INIT_ROUND) -> Centres:
+                 rnd: int = INIT_ROUND, progress: bool = False) -> Centres:
     """Initial centres from the clients' first local models (see the module docstring);
     ``projection``: None = automatic, 0 = exact coordinates, k = a k-dimensional CountSketch.
     ``start``/``rnd``: cluster the local models trained from another model than the initial weights
-    (FeSEM's ``warmup``: the warm model of round ``rnd``), with that round's batches."""
+    (FeSEM's ``warmup``: the warm model of round ``rnd``), with that round's batches.
+    ``progress``: a progress bar per client trained (``mcfl init-centres`` shows one) and a log line
+    per step."""
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_limits
 
@@ -126,7 +139,10 @@ def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str =
     keep = m * size * 4 <= keep_bytes
     feats = np.empty((m, k or d), dtype=np.float32)
     full = torch.empty(m, size, device=fed.device) if keep else None
-    for c, res in first_local_models(fed, start, rnd):
+    say = log.info if progress else log.debug
+    say("first local models of %d clients (K=%d, %s)", m,  K,
+        f"{k}-dimensional projection" if k else "exact coordinates")
+    for c, res in first_local_models(fed, start, rnd, "first local models" if progress else None):
         feats[c] = features(res.weights).cpu().numpy()
         if keep:
             full[c] = res.weights
@@ -134,6 +150,7 @@ def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str =
         distinct = len(np.unique(feats, axis=0))
         if distinct < K:
             raise ValueError(f"K={K} but only {distinct} distinct first local models")
+        say("k-means: K=%d, %d restarts on %d x %d features", K, restarts, m, feats.shape[1])
         km = KMeans(n_clusters=K, n_init=restarts, random_state=derive_seed(fed.seed, KMEANS) % 2**31)
         # scikit-learn's OpenMP/BLAS pools default to every core; keep to the job's thread budget
         # (Snakemake runs jobs side by side: oversubscribed, 20 restarts took 18 s instead of 1.3 s)
@@ -145,8 +162,11 @@ def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str =
     else:
         raise ValueError(f"unknown centre initialisation {method!r}; use 'kmeans' or 'random'")
     acc = WeightedSum(K, size, fed.device)
+    if not keep:
+        say("centres: first local models again (%d x %d weights do not fit in memory)", m, size)
     models = ((c, full[c]) for c in range(m)) if keep else \
-        ((c, res.weights) for c, res in first_local_models(fed, start, rnd))
+        ((c, res.weights) for c, res in first_local_models(fed, start, rnd,
+                                                          "centres (second pass)" if progress else None))
     for c, w in models:
         acc.add(int(labels[c]), w, float(fed.n_train[c]) if weighted else 1.0)
     centres = torch.stack([acc.mean(j) for j in range(K)])

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from mcfl.io import canonical_json
+from mcfl.trainspec import read_schema
 
 if TYPE_CHECKING:
     from mcfl.plan import Plan
@@ -39,9 +40,13 @@ class FiguresPlan:
         return f"{w.dataset}: {self.config['figures']['cases']['run']} clusters, seed {self.config['seeds'][0]}"
 
     def figure_datasets(self, which: str) -> list[str]:
+        """The datasets that have figures.<which>.run. A label that matches no run is reported
+        only when the config asked for it (a label other than the schema's default): a config that
+        leaves ``figures`` out, or has no such clustered run, skips the figure silently."""
         found = [d for d in self.plan.datasets if self.figure_run(d, which)]
         label = self.config["figures"][which]["run"]
-        if label and not found:
+        default = read_schema()["properties"]["figures"]["properties"][which]["properties"]["run"]["default"]
+        if label and not found and label != default:
             print(f"figures.{which}.run: no dataset has a run labelled {label!r}; figure skipped",
                   file=sys.stderr)
         return found

@@ -398,23 +398,24 @@ def add_parser(sub, help: str = "FedGSP tables and figures (CPD, Table 1, heatma
     p = sub.add_parser("fedgsp", help=help)
     w = p.add_subparsers(dest="what", required=True)
     c = w.add_parser("cpd", help="CPD box plots (Fig. 3a)")
-    c.add_argument("--store", required=True)
-    c.add_argument("--groups", type=int, required=True)
-    c.add_argument("--seeds", type=int, nargs="+", required=True)
-    c.add_argument("--rounding", default="paper", choices=["paper", "exact"])
-    c.add_argument("--icg-iters", type=int, default=10)
-    c.add_argument("--sigma", type=float, default=1.0)
+    c.add_argument("--store", required=True, help="prepared store whose clients are grouped")
+    c.add_argument("--groups", type=int, required=True, help="number of groups")
+    c.add_argument("--seeds", type=int, nargs="+", required=True, help="seeds of the groupings compared")
+    c.add_argument("--rounding", default="paper", choices=["paper", "exact"],
+                   help="group sizes rounded as the paper does, or exactly (default: paper)")
+    c.add_argument("--icg-iters", type=int, default=10, help="ICG iterations (default: 10)")
+    c.add_argument("--sigma", type=float, default=1.0, help="kernel width of the MMD (default: 1.0)")
     for name in ("table", "heatmap", "kappa"):
         q = w.add_parser(name, help={"table": "Table 1, curves, time/traffic to target (Figs. 3b/c, 6)",
                                      "heatmap": "test-loss heatmaps (Fig. 4)", "kappa": "kappa sweep (Fig. 5)"}[name])
-        q.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+        q.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (metrics.json, history.csv)")
         if name != "heatmap":
             q.add_argument("--train", required=True, help="JSON list, one per RUN_DIR, of "
                            "{clients_per_round, local_epochs}")
-            q.add_argument("--store", required=True)
+            q.add_argument("--store", required=True, help="the runs' prepared store")
             q.add_argument("--cost", default="{}", help="JSON of cost-model constants (Eqs. 15-17)")
         if name == "table":
-            q.add_argument("--target", type=float, required=True)
+            q.add_argument("--target", type=float, required=True, help="target accuracy (e.g. 0.8)")
     for q in list(w.choices.values()):
         q.add_argument("--out", required=True, help="output directory")
 

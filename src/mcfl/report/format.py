@@ -51,6 +51,42 @@ def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_html(text: str, title: str) -> str:
+    """A standalone HTML page of a report's markdown (headings, pipe tables, paragraphs, list
+    items; inline markup kept as text), for Snakemake's report, which shows HTML inline."""
+    import html
+    import re
+
+    def cells(line: str) -> list[str]:
+        return [html.escape(c.strip()) for c in line.strip().strip("|").split("|")]
+
+    body, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("|") and i + 1 < len(lines) and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i + 1].strip()):
+            rows = ["<tr>" + "".join(f"<th>{c}</th>" for c in cells(line)) + "</tr>"]
+            i += 2
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells(lines[i])) + "</tr>")
+                i += 1
+            body.append("<table>\n" + "\n".join(rows) + "\n</table>")
+            continue
+        m = re.match(r"(#{1,6})\s+(.*)", line)
+        if m:
+            n = len(m.group(1))
+            body.append(f"<h{n}>{html.escape(m.group(2))}</h{n}>")
+        elif line.startswith(("- ", "* ")):
+            body.append(f"<li>{html.escape(line[2:])}</li>")
+        elif line.strip() and not line.startswith("<!--"):
+            body.append(f"<p>{html.escape(line)}</p>")
+        i += 1
+    style = ("body{font-family:sans-serif;font-size:14px} table{border-collapse:collapse} "
+             "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right} "
+             "th:nth-child(-n+3),td:nth-child(-n+3){text-align:left} th{background:#f3f3f3}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
 def machine(m: dict) -> str:
     """A run's machine in words, from its metrics.json (device, CPU kernels, threads, torch). A run
     resumed on another machine names each one with its rounds (``segments``, runner.py)."""

@@ -5,7 +5,8 @@
 (``natural``, ``iid``, ``dir(0.5)``, ...: :func:`mcfl.data.repartition.label`); then ``n_seeds`` and the mean and sample standard deviation (ddof=1,
 blank for one seed) over seeds of micro/macro accuracy and F1 in percent, as in FeSEM's Tables 2-3,
 plus ARI and NMI against the true clusters (fractions; blank where the data have no ground truth or
-the method does not cluster). ``table.md`` shows the same as ``mean ± std``.
+the method does not cluster). ``table.md`` shows the same as ``mean ± std``; ``table.html`` and
+``paper_comparison.html`` are the markdown tables as web pages, for Snakemake's report.
 
 Diverged runs (:mod:`mcfl.divergence`: a loss jump during training, recorded in the run's
 ``metrics.json``) stay in the mean, so the row shows what the configuration gave, and are never
@@ -25,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from mcfl.io import atomic_path, read_run, write_text
-from mcfl.report.format import diverged_cell, diverged_note, markdown_table, mean_std
+from mcfl.report.format import diverged_cell, diverged_note, markdown_html, markdown_table, mean_std
 from mcfl.report.paper import write_comparison
 
 METRICS = ["micro_acc", "micro_f1", "macro_acc", "macro_f1"]
@@ -122,5 +123,8 @@ def write_report(run_dirs: list[Path], out: Path, sources: dict[str, str] | None
         table.round(4).to_csv(tmp, index=False)
     write_text(out / "table.md", to_markdown(table) + divergence_notes(finals))
     write_comparison(table, out, sources)          # paper_comparison.csv/.md (mcfl.report.paper)
+    for name, title in (("table", "Results"), ("paper_comparison", "Comparison with the papers")):
+        # the same tables for Snakemake's report, which shows HTML inline (a CSV only as a download)
+        write_text(out / f"{name}.html", markdown_html((out / f"{name}.md").read_text(), title))
     for ds in dict.fromkeys(finals["dataset"]):
         convergence_figure(hist, ds, out / "figures" / f"convergence_{ds}.png")

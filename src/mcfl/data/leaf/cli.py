@@ -28,18 +28,18 @@ def add_parsers(sub, download: bool = True) -> None:
         p = sub.add_parser("download", help=DOWNLOAD_HELP)
         _download_options(p)
     p = sub.add_parser("import-leaf", help="read LEAF train/ and test/ JSON into a store (the "
-                       "leaf_json source: same as `mcfl prepare leaf_json --dir DIR`)")
+                       "leaf_json source: same as mcfl prepare leaf_json --dir DIR)")
     p.add_argument("dir", help="LEAF data directory holding train/ and test/")
     p.add_argument("--out", required=True, help="store directory to write")
     p.add_argument("--images", help="img_align_celeba folder or zip, when x holds CelebA file names")
     p.add_argument("--n-classes", type=int, help="number of classes (default: largest label + 1)")
     p = sub.add_parser("export-leaf", help="write a store as LEAF JSON (all_data/, train/, test/)")
-    p.add_argument("store")
+    p.add_argument("store", help="prepared store to read")
     p.add_argument("--out", required=True, help="directory to write")
 
 
 def _download_options(p) -> None:
-    p.add_argument("source", choices=sorted(leaf_sources()))
+    p.add_argument("source", choices=sorted(leaf_sources()), help="the dataset whose raw files to fetch")
     p.add_argument("--out", required=True, help="raw directory (e.g. data/raw/femnist)")
     p.add_argument("--source", "--origin", dest="origin", default=None,
                    help="base URL or local directory holding the files (default: the source's)")
