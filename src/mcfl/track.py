@@ -87,7 +87,9 @@ def tracking_error(e: BaseException, uri: str | None = None) -> TrackingError:
         what, todo = ("not an MLflow database (corrupt, or another file)",
                       f"move {path or 'it'} away (a new store is made on the next run) or point "
                       f"MLFLOW_TRACKING_URI at another")
-    elif "unable to open" in text or "not a directory" in text or "no such file" in text or "readonly" in text or "read-only" in text or "permission" in text:
+    elif isinstance(e, OSError) and not isinstance(e, TrackingError):
+        what, todo = f"cannot be opened ({e.strerror or e})", "check that the path exists and is writable"
+    elif "unable to open" in text or "readonly" in text or "read-only" in text or "permission" in text:
         what, todo = "cannot be opened for writing", "check that the path exists and is writable"
     else:
         what, todo = " ".join(str(e).split())[:200] or type(e).__name__, "check the store"
@@ -111,6 +113,11 @@ def _retry(fn: Callable, *args, tries: int = 12, **kwargs):
             wait = min(5.0, 0.1 * 2 ** i) * (0.5 + random.random())
             log.info("MLflow store busy (database is locked); retry %d in %.2f s", i + 1, wait)
             time.sleep(wait)
+
+
+def _cause(e: BaseException) -> str:
+    """A tracking error's message without its advice to defer (for the warning when deferring)."""
+    return str(e).split(f", or set {UNREACHABLE_ENV}=defer")[0]
 
 
 def _store_fault(e: BaseException) -> bool:
@@ -289,7 +296,8 @@ class MLflowTracker(Tracker):
             if not self.defer:
                 raise
             self.failed = True
-            log.warning("%s; %s=defer: training goes on without tracking", e, UNREACHABLE_ENV)
+            log.warning("%s; %s=defer: training goes on without tracking, record the run later "
+                        "with `mcfl track`", _cause(e), UNREACHABLE_ENV)
             return None
 
     def start(self, run, identity, resume_id=None, history=(), tags=None, start_time=None):
@@ -405,7 +413,7 @@ def make_tracker(enabled: bool, experiment: str) -> Tracker:
         if os.environ.get(UNREACHABLE_ENV, "fail") != "defer":
             raise
         log.warning("%s; %s=defer: training without tracking, record the run later with "
-                    "`mcfl track`", e, UNREACHABLE_ENV)
+                    "`mcfl track`", _cause(e), UNREACHABLE_ENV)
         return Tracker()
 
 

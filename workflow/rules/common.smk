@@ -56,9 +56,10 @@ onstart:
     if config["tracking"]:
         from mcfl.track import SWEEP_ENV, TrackingError, init_sweep
 
-        os.environ[SWEEP_ENV] = " + ".join(
-            os.path.basename(str(f)) for f in workflow.configfiles
-        ) + time.strftime(" %Y-%m-%d %H:%M:%S")
+        _names = [os.path.basename(str(f)) for f in workflow.configfiles]
+        os.environ[SWEEP_ENV] = " + ".join(_names or ["snakemake"]) + time.strftime(
+            " %Y-%m-%d %H:%M:%S"
+        )
         try:
             MLFLOW["experiment_id"] = init_sweep(config["experiment"], P.runs.values())
         except TrackingError as e:
