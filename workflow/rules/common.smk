@@ -54,17 +54,18 @@ MLFLOW = {}
 
 onstart:
     if config["tracking"]:
-        from mcfl.track import SWEEP_ENV, TrackingError, init_sweep
+        from mcfl.track import SWEEP_ENV, UNREACHABLE_ENV, TrackingError, init_sweep
 
         _names = [os.path.basename(str(f)) for f in workflow.configfiles]
-        os.environ[SWEEP_ENV] = " + ".join(_names or ["snakemake"]) + time.strftime(
-            " %Y-%m-%d %H:%M:%S"
-        )
+        os.environ[SWEEP_ENV] = " + ".join(_names or ["snakemake"]) + time.strftime(" %Y-%m-%d %H:%M:%S")
         try:
             MLFLOW["experiment_id"] = init_sweep(config["experiment"], P.runs.values())
         except TrackingError as e:
-            print(f"error: {e}", file=sys.stderr)
-            os._exit(1)  # before any job; Snakemake would print the exception with a traceback
+            if os.environ.get(UNREACHABLE_ENV) == "defer":  # jobs train untracked
+                print(f"warning: {e}", file=sys.stderr)
+            else:
+                print(f"error: {e}", file=sys.stderr)
+                os._exit(1)  # before any job; Snakemake would print a traceback
 
 
 onsuccess:
