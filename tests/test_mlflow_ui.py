@@ -70,10 +70,10 @@ class UI:
             self.proc.wait()
 
 
-def chromium(url: str, profile: Path, *args: str, timeout: float = 240) -> str:
+def chromium(url: str, profile: Path, *args: str, timeout: float = 240, size: str = "1600,700") -> str:
     """Headless Chromium on ``url`` (a fresh profile: a first visit), given time to render."""
     r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        f"--user-data-dir={profile}", "--window-size=1600,700",
+                        f"--user-data-dir={profile}", f"--window-size={size}",
                         "--virtual-time-budget=30000", *args, url],
                        capture_output=True, text=True, timeout=timeout)
     return r.stdout
@@ -83,7 +83,7 @@ def screenshot(db: Path, experiment_id: str, out: Path, tmp: Path) -> None:
     from mcfl.track import runs_link
 
     with UI(db, tmp / "ui.log") as ui:
-        chromium(runs_link(ui.url, experiment_id), tmp / "profile", f"--screenshot={out}")
+        chromium(runs_link(ui.url, experiment_id), tmp / "profile", f"--screenshot={out}", size="2000,560")
 
 
 @pytest.fixture(scope="module")
@@ -158,9 +158,9 @@ def test_the_runs_view_shows_settings_that_differ_then_the_final_metrics():
     assert differing_settings([a, a]) == []
     view = json.loads(runs_view(differing_settings([a, b])))
     assert view["selectedColumns"] == view["columnOrder"] == [
-        "attributes.`Duration`", "params.`dataset`", "params.`method`", "params.`params.K`",
-        "params.`seed`", "params.`train.lr`", "metrics.`micro_acc`", "metrics.`macro_acc`",
-        "metrics.`micro_f1`", "metrics.`macro_f1`", "metrics.`ari`"]
+        "params.`dataset`", "params.`method`", "params.`params.K`", "params.`seed`",
+        "metrics.`micro_acc`", "metrics.`macro_acc`", "metrics.`micro_f1`", "metrics.`macro_f1`",
+        "metrics.`ari`", "params.`train.lr`"]
     assert view["orderByKey"] == "tags.`mlflow.runName`" and view["orderByAsc"] is True
 
 

@@ -182,10 +182,12 @@ def experiment_id(client, name: str, differing: Iterable[str] | None = None) -> 
 def runs_view(differing: Iterable[str] = ()) -> str:
     """The runs table's saved view (MLflow's shared-view state, JSON): columns for :data:`PARAMS`,
     the params in ``differing`` (flattened run-config keys such as ``train.lr``) and the final
-    :data:`METRICS`, in that order (params first: what a run is, then how it scored); rows sorted by
+    :data:`METRICS`, in the order PARAMS, METRICS, the differing settings (what a run is, how it
+    scored, then the rest, so the metrics are on the first screen); rows sorted by
     run name (method · dataset · seed), every run drawn in the charts."""
     params = list(dict.fromkeys([*PARAMS, *sorted(set(differing) - set(PARAMS))]))[:16]
-    cols = ["attributes.`Duration`", *(f"params.`{k}`" for k in params), *(f"metrics.`{k}`" for k in METRICS)]
+    cols = [*(f"params.`{k}`" for k in params[:len(PARAMS)]), *(f"metrics.`{k}`" for k in METRICS),
+            *(f"params.`{k}`" for k in params[len(PARAMS):])]
     return json.dumps({"selectedColumns": cols, "columnOrder": cols, "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
                        "runsHiddenMode": "SHOW_ALL", "lifecycleFilter": "Active"}, separators=(",", ":"))
 
