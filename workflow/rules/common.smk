@@ -71,5 +71,7 @@ onstart:
 onsuccess:
     if MLFLOW:
         from mcfl.track import ui_hint
+        import atexit
 
-        print(f"MLflow: {ui_hint(MLFLOW['experiment_id'])}", file=sys.stderr)
+        # at exit: after Snakemake's own last line ("Complete log(s): ...")
+        atexit.register(print, f"MLflow: {ui_hint(MLFLOW['experiment_id'])}", file=sys.stderr)
