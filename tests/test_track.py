@@ -1,5 +1,7 @@
 """`tracking: deferred`: finished runs recorded from their files equal live tracking's record."""
 
+import json
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from test_workflow import job_counts, snakemake, write_config
 
 def _record(client, run_id):
     r = client.get_run(run_id)
-    skip = {"mcfl_record", "mlflow.parentRunId", "mlflow.user", "mlflow.source.name",
+    skip = {"mcfl_record", "mlflow.user", "mlflow.source.name",
             "mlflow.source.type", "mlflow.source.git.commit"}
     metrics = {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)]
                for k in r.data.metrics}
@@ -69,9 +71,20 @@ def test_workflow_records_runs_once_in_one_track_job(tmp_path, cli_env):
 
     mlflow.set_tracking_uri(cli_env["MLFLOW_TRACKING_URI"])
     runs = mlflow.search_runs(experiment_names=["wf-deferred"])
-    sweep = runs[runs["tags.sweep"] == "true"]
-    children = runs[runs["tags.mlflow.parentRunId"].isin(sweep["run_id"])]
-    assert len(sweep) == 1 and len(children) == 2 and set(children["status"]) == {"FINISHED"}
+    # flat runs, tagged with the invocation, named method · dataset · seed, with true durations
+    assert len(runs) == 2 and set(runs["status"]) == {"FINISHED"}
+    assert runs["tags.sweep"].str.match(r"config\.yaml \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$").all()
+    assert sorted(runs["tags.mlflow.runName"]) == ["FedAvg · digits · s0", "NoFed · digits · s0"]
+    dirs = dict(line.split("\t")[::-1] for line in
+                (tmp_path / "results" / "mlflow_runs.tsv").read_text().splitlines()[1:])
+    for _, row in runs.iterrows():
+        d = tmp_path / dirs[row["run_id"]]
+        m = json.loads((d / "metrics.json").read_text())
+        seconds = (row["end_time"] - row["start_time"]).total_seconds()
+        assert seconds == pytest.approx(m["wall_s"], abs=0.01)
+        assert row["end_time"].timestamp() == pytest.approx((d / "metrics.json").stat().st_mtime, abs=0.01)
+    assert "MLflow: mlflow ui --backend-store-uri sqlite:///" in r.stderr
+    assert r.stderr.rstrip().splitlines()[-1].startswith("MLflow: mlflow ui ")      # the last line
     assert (tmp_path / "results" / "mlflow_runs.tsv").read_text().count("\n") == 3
     cfg["methods"].append({"method": "FedProx", "mu": 0.1})                # one more run
     write_config(tmp_path, cfg)
@@ -79,7 +92,7 @@ def test_workflow_records_runs_once_in_one_track_job(tmp_path, cli_env):
         {"train": 1, "report": 1, "track": 1, "all": 1}
     assert snakemake(tmp_path, cli_env).returncode == 0
     runs = mlflow.search_runs(experiment_names=["wf-deferred"])
-    assert (runs["tags.sweep"] != "true").sum() == 3                      # the first two not again
+    assert len(runs) == 3                                                 # the first two not again
 
 
 def test_experiments_are_model_training_experiments(mlflow_uri):

@@ -9,18 +9,33 @@ Concurrency. MLflow creates a new sqlite store's tables (and migrates an old one
 first opens it, and two processes doing that at once fail (``table tags already exists``): every
 client is opened under a file lock next to the sqlite file (:func:`store_lock`), so the first
 process creates the tables and the others wait for it. A Snakemake invocation also creates the
-store, the experiment and one parent *sweep* run before any job
-starts (``init_sweep``, from the Snakefile's ``onstart``); each training job finds the sweep's id in
-``$MCFL_SWEEP_RUN_ID`` and nests its run under it. Writes retry when SQLite says "database is locked"
+store and the experiment before any job starts (``init_sweep``, from the Snakefile's ``onstart``);
+each run is tagged with the invocation (``sweep``: config file and start time, from ``$MCFL_SWEEP``).
+Runs are flat, not nested under a parent run: the runs table then lists every run as a row, so
+FedAvg and FeSEM sit side by side without expanding anything, and the ``sweep`` tag still groups or
+filters one invocation's runs. Writes retry when SQLite says "database is locked"
 (each retry is logged). A resumed training job (see :mod:`mcfl.runner`) continues its MLflow run:
 same run id, back to RUNNING, each (metric, round) pair recorded once however often the job was
 killed, FINISHED at the end. A job stopped by SIGTERM or Ctrl-C marks its run KILLED, one that
-fails FAILED; one killed by SIGKILL stays RUNNING until it is resumed.
+fails FAILED; one killed by SIGKILL stays RUNNING until it is resumed, or, killed before its first
+checkpoint, until the run starts again: the new start marks it KILLED and replaces it (one run per
+name), see :meth:`MLflowTracker.start`.
+
+Faults of the store itself (a garbage file, a full disk, a path that cannot be opened, a URI MLflow
+does not know) raise :class:`TrackingError`, one line naming the URI and what to do; with
+``$MCFL_TRACKING_UNREACHABLE=defer`` the training goes on untracked instead (``mcfl track`` records
+it later).
+
+The UI. An experiment is tagged as a model-training experiment, and carries a saved view of its
+runs table (:data:`VIEW_KEY`: columns dataset, method, K, seed, the settings that differ between the
+runs, and the final metrics; MLflow's own shared-view mechanism). :func:`runs_link` is the URL that
+opens it: the runs table, ready to compare, instead of MLflow 3's GenAI overview.
 
 ``tracking: deferred`` records finished runs afterwards instead (:func:`record_finished`, the
 workflow's ``track`` rule): training jobs then never import MLflow (about 3 s of start-up per job,
 a fifth of a short job's time) and one job replays every run from its output files, with the same
-params, tags, per-round metrics and artifacts; nothing is visible in the UI until it has run.
+params, tags, per-round metrics and artifacts, and with the training's own times (start, end and
+each round's); nothing is visible in the UI until it has run.
 """
 
 from __future__ import annotations
@@ -30,7 +45,6 @@ import json
 import logging
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,13 +53,50 @@ from typing import Any, Callable, Iterable
 from mcfl.io import OUTPUTS
 
 log = logging.getLogger("mcfl")
-SWEEP_ENV = "MCFL_SWEEP_RUN_ID"
+SWEEP_ENV = "MCFL_SWEEP"        # this invocation's name, tagged `sweep` on every run
 # What a training job does when the tracking server does not answer: `fail` (default; the error names
 # the URI) or `defer` (train without tracking; record the run afterwards with `mcfl track`)
 UNREACHABLE_ENV = "MCFL_TRACKING_UNREACHABLE"
 # Tags every mcfl experiment carries: the MLflow UI opens a `custom_model_development` experiment on
 # its runs table ("Model training") instead of the GenAI overview
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+# The saved view of the runs table that `runs_link` opens (tag `mlflow.sharedViewState.<key>`)
+VIEW_KEY = "mcfl-runs"
+VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
+#: the final metrics the runs table shows, in this order
+METRICS = ("micro_acc", "macro_acc", "micro_f1", "macro_f1", "ari")
+#: the run settings it shows (params), then those that differ between the experiment's runs
+PARAMS = ("dataset", "method", "params.K", "seed")
+
+
+class TrackingError(ConnectionError):
+    """The tracking store cannot be used; the message is one line naming the URI and what to do."""
+
+
+def tracking_error(e: BaseException, uri: str | None = None) -> TrackingError:
+    """``e`` (from MLflow, sqlalchemy or sqlite) as one line: which store, what is wrong, what to do."""
+    if isinstance(e, TrackingError):
+        return e
+    uri = uri or tracking_uri()
+    text = " ".join(str(e).split()).lower()
+    path = uri[len("sqlite:///"):].split("?")[0] if uri.startswith("sqlite:///") else None
+    if "unsupported uri" in text or "not a valid remote uri" in text or type(e).__name__.startswith("Unsupported"):
+        what, todo = ("not a tracking URI MLflow knows", "set MLFLOW_TRACKING_URI to sqlite:///PATH or "
+                      "http(s)://HOST:PORT, or unset it (mlflow.db in the working directory)")
+    elif "disk is full" in text or "no space left" in text:
+        what, todo = "the disk is full", "free space there, or point MLFLOW_TRACKING_URI at another disk"
+    elif "file is not a database" in text or "malformed" in text or "can't locate revision" in text:
+        what, todo = ("not an MLflow database (corrupt, or another file)",
+                      f"move {path or 'it'} away (a new store is made on the next run) or point "
+                      f"MLFLOW_TRACKING_URI at another")
+    elif isinstance(e, OSError) and not isinstance(e, TrackingError):
+        what, todo = f"cannot be opened ({e.strerror or e})", "check that the path exists and is writable"
+    elif "unable to open" in text or "readonly" in text or "read-only" in text or "permission" in text:
+        what, todo = "cannot be opened for writing", "check that the path exists and is writable"
+    else:
+        what, todo = " ".join(str(e).split())[:200] or type(e).__name__, "check the store"
+    return TrackingError(f"MLflow tracking store {uri}: {what}; {todo}, or set {UNREACHABLE_ENV}=defer "
+                         f"to train without it and record the run later with `mcfl track`")
 
 
 def tracking_uri() -> str:
@@ -58,10 +109,26 @@ def _retry(fn: Callable, *args, tries: int = 12, **kwargs):
             return fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - MLflow wraps sqlite errors in several types
             if "locked" not in str(e).lower() or i == tries - 1:
+                if _store_fault(e):
+                    raise tracking_error(e) from e
                 raise
             wait = min(5.0, 0.1 * 2 ** i) * (0.5 + random.random())
             log.info("MLflow store busy (database is locked); retry %d in %.2f s", i + 1, wait)
             time.sleep(wait)
+
+
+def _cause(e: BaseException) -> str:
+    """A tracking error's message without its advice to defer (for the warning when deferring)."""
+    return str(e).split(f", or set {UNREACHABLE_ENV}=defer")[0]
+
+
+def _store_fault(e: BaseException) -> bool:
+    """An error of the store itself (not of one request, such as a run that does not exist)."""
+    if isinstance(e, (OSError, TrackingError)):
+        return True
+    mod = type(e).__module__
+    return mod.startswith(("sqlalchemy", "sqlite3", "alembic")) or type(e).__name__.startswith("Unsupported") \
+        or any(k in str(e).lower() for k in ("disk is full", "file is not a database", "unable to open"))
 
 
 def store_lock(purpose: str, uri: str | None = None):
@@ -82,28 +149,60 @@ def _client():
     from mlflow import MlflowClient
 
     uri = tracking_uri()
-    if not uri.startswith("sqlite:"):
-        return MlflowClient(tracking_uri=uri)
-    with store_lock("init", uri):
-        return MlflowClient(tracking_uri=uri)
+    try:
+        if not uri.startswith("sqlite:"):
+            return MlflowClient(tracking_uri=uri)
+        with store_lock("init", uri):
+            return MlflowClient(tracking_uri=uri)
+    except Exception as e:  # noqa: BLE001 - sqlalchemy, sqlite, MLflow's URI registry, OSError
+        raise tracking_error(e, uri) from e
 
 
-def experiment_id(client, name: str) -> str:
+def experiment_id(client, name: str, differing: Iterable[str] | None = None) -> str:
     """The id of experiment ``name``, created if missing; tagged as a model-training experiment
-    (:data:`EXPERIMENT_TAGS`; an experiment made by an older mcfl gets the tags now)."""
+    (:data:`EXPERIMENT_TAGS`; an experiment made by an older mcfl gets the tags now) with the runs
+    table's view (:func:`runs_view`; set again when ``differing`` names the settings to show)."""
     exp = _retry(client.get_experiment_by_name, name)
     if exp is None:
         local = tracking_uri().startswith(("sqlite:", "file:"))  # a server keeps its own artifact store
         try:
-            return _retry(client.create_experiment, name, artifact_location=(
+            exp_id = _retry(client.create_experiment, name, artifact_location=(
                 (Path.cwd() / "mlartifacts").resolve().as_uri() if local else None),
-                tags=EXPERIMENT_TAGS)
+                tags={**EXPERIMENT_TAGS, VIEW_TAG: runs_view(differing or ())})
+            return exp_id
         except Exception:  # created concurrently by another process
             exp = _retry(client.get_experiment_by_name, name)
-    for k, v in EXPERIMENT_TAGS.items():
+    want = dict(EXPERIMENT_TAGS)
+    if differing is not None or VIEW_TAG not in exp.tags:
+        want[VIEW_TAG] = runs_view(differing or ())
+    for k, v in want.items():
         if exp.tags.get(k) != v:
             _retry(client.set_experiment_tag, exp.experiment_id, k, v)
     return exp.experiment_id
+
+
+def runs_view(differing: Iterable[str] = ()) -> str:
+    """The runs table's saved view (MLflow's shared-view state, JSON): columns for :data:`PARAMS`,
+    the params in ``differing`` (flattened run-config keys such as ``train.lr``) and the final
+    :data:`METRICS`, in the order PARAMS, METRICS, the differing settings (what a run is, how it
+    scored, then the rest, so the metrics are on the first screen); rows sorted by
+    run name (method · dataset · seed), every run drawn in the charts."""
+    params = list(dict.fromkeys([*PARAMS, *sorted(set(differing) - set(PARAMS))]))[:16]
+    cols = [*(f"params.`{k}`" for k in params[:len(PARAMS)]), *(f"metrics.`{k}`" for k in METRICS),
+            *(f"params.`{k}`" for k in params[len(PARAMS):])]
+    return json.dumps({"selectedColumns": cols, "columnOrder": cols, "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
+                       "runsHiddenMode": "SHOW_ALL", "lifecycleFilter": "Active"}, separators=(",", ":"))
+
+
+def differing_settings(runs: Iterable[dict]) -> list[str]:
+    """The flattened run-config keys whose values differ between ``runs`` (what to compare on)."""
+    seen: dict[str, set] = {}
+    runs = list(runs)
+    for run in runs:
+        for k, v in flatten(run).items():
+            seen.setdefault(k, set()).add(json.dumps(v, sort_keys=True, default=str))
+    keys = {k for k in seen if k not in ("label", "run_id", "experiment")}
+    return sorted(k for k in keys if len(seen[k]) > 1 or sum(k in flatten(r) for r in runs) < len(runs))
 
 
 def check_server(uri: str | None = None, wait: float | None = None) -> None:
@@ -166,17 +265,49 @@ class Tracker:
 NullTracker = Tracker
 
 
-class MLflowTracker(Tracker):
-    """One MLflow run per training run; per-round metrics buffered and sent with ``log_batch``."""
+def run_name(run: dict) -> str:
+    """The run's name in the UI: ``FeSEM(4) · digits · s0`` (method label, dataset, seed)."""
+    return f"{run['label']} · {run['dataset']} · s{run['seed']}"
 
-    def __init__(self, experiment: str, flush_every: int = 200, client=None):
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else int(round(seconds * 1000))
+
+
+class MLflowTracker(Tracker):
+    """One MLflow run per training run; per-round metrics buffered and sent with ``log_batch``.
+
+    With ``defer`` (default: ``$MCFL_TRACKING_UNREACHABLE=defer``) a store that fails during the run
+    (a full disk) stops the tracking with one warning and the training goes on; otherwise the fault is
+    a :class:`TrackingError`."""
+
+    def __init__(self, experiment: str, flush_every: int = 200, client=None, defer: bool | None = None):
         self.experiment, self.flush_every = experiment, flush_every
+        self.defer = os.environ.get(UNREACHABLE_ENV, "fail") == "defer" if defer is None else defer
         self.client = client or _client()
         self.run_id: str | None = None
         self.buffer: list = []
         self.logged: dict[str, int] = {}    # metric -> last step already in the store (resumed runs)
+        self.failed = False
 
-    def start(self, run, identity, resume_id=None, history=(), tags=None):
+    def _guard(self, fn, *args, **kwargs):
+        """``fn`` against the store; a store fault ends the tracking (``defer``) or is raised."""
+        if self.failed:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except TrackingError as e:
+            if not self.defer:
+                raise
+            self.failed = True
+            log.warning("%s; %s=defer: training goes on without tracking, record the run later "
+                        "with `mcfl track`", _cause(e), UNREACHABLE_ENV)
+            return None
+
+    def start(self, run, identity, resume_id=None, history=(), tags=None, start_time=None):
+        return self._guard(self._start, run, identity, resume_id, history, tags, start_time)
+
+    def _start(self, run, identity, resume_id=None, history=(), tags=None, start_time=None):
         from mlflow.entities import Param, RunTag
 
         if resume_id and self._reopen(resume_id):
@@ -186,15 +317,16 @@ class MLflowTracker(Tracker):
             log.warning("MLflow run %s is not in %s; recording the resumed run as a new one",
                         resume_id, tracking_uri())
         exp = experiment_id(self.client, self.experiment)
+        name = run_name(run)
+        self._replace_unfinished(exp, identity["run_hash"], name)
         tags = {"dataset": run["dataset"], "method": run["method"], "label": run["label"],
                 "seed": str(run["seed"]), "K": str(run["params"].get("K", "")),
                 "git_sha": identity["git"], "data_hash": identity["data_hash"],
-                "run_hash": identity["run_hash"], "mlflow.runName":
-                f"{run['dataset']}/{run['label']}/seed{run['seed']}", **(tags or {})}
+                "run_hash": identity["run_hash"], "mlflow.runName": name, **(tags or {})}
         tags.update({k: str(identity[k]) for k in ("threads", "torch", "cpu") if k in identity})
         if os.environ.get(SWEEP_ENV):
-            tags["mlflow.parentRunId"] = os.environ[SWEEP_ENV]
-        r = _retry(self.client.create_run, exp, tags=tags)
+            tags["sweep"] = os.environ[SWEEP_ENV]
+        r = _retry(self.client.create_run, exp, start_time=start_time, tags=tags, run_name=name)
         self.run_id = r.info.run_id
         params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(run).items())]
         _retry(self.client.log_batch, self.run_id, params=params,
@@ -202,11 +334,28 @@ class MLflowTracker(Tracker):
         self._replay(history)
         return self.run_id
 
+    def _replace_unfinished(self, exp: str, run_hash: str, name: str) -> None:
+        """A run of the same training (``run_hash``) left unfinished (RUNNING: its job was killed
+        before its first checkpoint; or KILLED/FAILED): marked KILLED if still RUNNING, then deleted,
+        so that the run starting now replaces it instead of adding a second row of the same name."""
+        old = _retry(self.client.search_runs, [exp], max_results=100,
+                     filter_string=f"tags.run_hash = '{run_hash}' and attributes.status != 'FINISHED'")
+        for r in old:
+            if r.data.tags.get("mlflow.runName") != name:
+                continue
+            if r.info.status == "RUNNING":
+                _retry(self.client.set_terminated, r.info.run_id, "KILLED")
+            log.warning("MLflow run %s (%s) was left %s by a training that did not finish: marked "
+                        "KILLED and replaced by this run", r.info.run_id, name, r.info.status)
+            _retry(self.client.delete_run, r.info.run_id)
+
     def _reopen(self, run_id: str) -> bool:
         """Continue run ``run_id``: back to RUNNING, and note the last round stored per metric
         (a killed job may have sent rounds after its checkpoint) so none is recorded twice."""
         try:
             stored = _retry(self.client.get_run, run_id)
+        except TrackingError:
+            raise
         except Exception as e:  # noqa: BLE001 - deleted run, or another tracking store
             log.debug("cannot reopen MLflow run %s: %s", run_id, e)
             return False
@@ -218,52 +367,58 @@ class MLflowTracker(Tracker):
         _retry(self.client.update_run, run_id, status="RUNNING")
         return True
 
-    def _replay(self, history):
-        for row in history:
-            self.log({k: v for k, v in row.items() if k != "round"}, step=int(row["round"]))
+    def _replay(self, history, times=None):
+        for i, row in enumerate(history):
+            self.log({k: v for k, v in row.items() if k != "round"}, step=int(row["round"]),
+                     timestamp=None if times is None else times[i])
 
-    def log(self, metrics, step):
+    def log(self, metrics, step, timestamp=None):
         from mlflow.entities import Metric
 
-        ts = int(time.time() * 1000)
+        if self.failed:
+            return
+        ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
         self.buffer += [Metric(k, float(v), ts, step) for k, v in metrics.items()
                         if isinstance(v, (int, float)) and step > self.logged.get(k, 0)]
         if len(self.buffer) >= self.flush_every:
             self.flush()
 
     def flush(self):
-        if self.buffer and self.run_id:
-            _retry(self.client.log_batch, self.run_id, metrics=self.buffer)
+        if self.buffer and self.run_id and not self.failed:
+            self._guard(_retry, self.client.log_batch, self.run_id, metrics=self.buffer)
             self.buffer = []
 
     def artifacts(self, paths):
         for p in paths:
-            if Path(p).is_file():
-                _retry(self.client.log_artifact, self.run_id, str(p))
+            if Path(p).is_file() and self.run_id:
+                self._guard(_retry, self.client.log_artifact, self.run_id, str(p))
 
-    def end(self, status):
-        if self.run_id:
+    def end(self, status, end_time=None):
+        if self.run_id and not self.failed:
             try:
                 self.flush()
             finally:
-                _retry(self.client.set_terminated, self.run_id, status)
+                self._guard(_retry, self.client.set_terminated, self.run_id, status, end_time=end_time)
 
 
 def make_tracker(enabled: bool, experiment: str) -> Tracker:
-    """The job's tracker. With a tracking server (``http(s)://`` URI) that does not answer, the job
-    fails before training with a message naming the URI, or, with ``$MCFL_TRACKING_UNREACHABLE=defer``,
-    trains untracked (its files are the record: ``mcfl track RUN_DIR`` records it later)."""
+    """The job's tracker. A store that cannot be used (a tracking server that does not answer, a
+    garbage or full sqlite file, an unknown URI) fails the job before training with one line naming
+    the URI, or, with ``$MCFL_TRACKING_UNREACHABLE=defer``, the job trains untracked (its files are
+    the record: ``mcfl track RUN_DIR`` records it later)."""
     if not enabled:
         return Tracker()
     try:
         check_server()
-    except ConnectionError as e:
+        tracker = MLflowTracker(experiment)
+        experiment_id(tracker.client, experiment)        # opens the store: its faults show here
+        return tracker
+    except ConnectionError as e:                        # TrackingError too
         if os.environ.get(UNREACHABLE_ENV, "fail") != "defer":
             raise
         log.warning("%s; %s=defer: training without tracking, record the run later with "
-                    "`mcfl track`", e, UNREACHABLE_ENV)
+                    "`mcfl track`", _cause(e), UNREACHABLE_ENV)
         return Tracker()
-    return MLflowTracker(experiment)
 
 
 RECORD_TAG = "mcfl_record"
@@ -272,13 +427,27 @@ RECORD_TAG = "mcfl_record"
 def record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tuple[str, str]]:
     """Record finished runs from their files (``metrics.json`` with the resolved config,
     ``history.csv``; the run's outputs as artifacts) as live tracking would have: one MLflow run
-    each, nested under ``$MCFL_SWEEP_RUN_ID`` if set. A run directory whose ``metrics.json`` is
-    already recorded (a FINISHED run with tag ``mcfl_record``: its sha256) is skipped, so rerunning
-    after a partial rerun of the DAG adds only the new results. Idempotent under concurrency: the
-    whole lookup-and-record holds the store's ``track`` lock, and a run left unfinished by a killed
+    each, tagged with ``$MCFL_SWEEP`` if set, with the training's times (it ended when its
+    ``metrics.json`` was written, and started ``wall_s`` before; each round's metrics are stamped
+    with the end of that round, from the round times in ``history.csv``). A run directory already
+    recorded is skipped: by ``mcfl track`` (a FINISHED run with tag ``mcfl_record``: the sha256 of
+    its ``metrics.json``) or live (a FINISHED run of the same ``run_hash``), so rerunning after a
+    partial rerun of the DAG adds only the new results. Idempotent under concurrency: the whole
+    lookup-and-record holds the store's ``track`` lock, and a run left unfinished by a killed
     ``mcfl track`` is deleted and recorded again. Returns (run directory, MLflow run id) pairs."""
     with store_lock("track"):
         return _record_finished(run_dirs, experiment)
+
+
+def _round_times(rows: list[dict], start_s: float) -> list[int]:
+    """Each history row's end, in ms since the epoch: ``start_s`` plus the round times so far."""
+    from mcfl.timing import COLUMNS
+
+    out, t = [], start_s
+    for row in rows:
+        t += sum(float(row.get(c, 0.0) or 0.0) for c in COLUMNS)
+        out.append(_ms(t))
+    return out
 
 
 def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tuple[str, str]]:
@@ -288,14 +457,17 @@ def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tu
 
     client = _client()
     exp = experiment_id(client, experiment)
-    known = {}
+    known, live = {}, {}
     token = None
-    while True:                                       # every recorded run of the experiment
-        page = _retry(client.search_runs, [exp], filter_string=f"tags.{RECORD_TAG} != ''",
-                      max_results=5000, page_token=token)
+    while True:                                       # every run of the experiment
+        page = _retry(client.search_runs, [exp], max_results=5000, page_token=token)
         for r in page:
-            if r.info.status == "FINISHED":
-                known[r.data.tags[RECORD_TAG]] = r.info.run_id
+            tags = r.data.tags
+            if RECORD_TAG not in tags:
+                if r.info.status == "FINISHED" and tags.get("run_hash"):    # tracked live
+                    live.setdefault(tags["run_hash"], r.info.run_id)
+            elif r.info.status == "FINISHED":
+                known[tags[RECORD_TAG]] = r.info.run_id
             else:                                     # a killed `mcfl track` left it half-recorded
                 log.warning("deleting MLflow run %s, left unfinished by an earlier `mcfl track`",
                             r.info.run_id)
@@ -307,46 +479,56 @@ def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tu
     for d in map(Path, run_dirs):
         raw = (d / "metrics.json").read_bytes()
         key = hashlib.sha256(raw).hexdigest()[:32]
-        if key in known:
-            out.append((str(d), known[key]))
-            continue
         m = json.loads(raw)
+        if key in known or m.get("run_hash") in live:
+            out.append((str(d), known.get(key) or live[m["run_hash"]]))
+            continue
         if "config" not in m:
             raise ValueError(f"{d / 'metrics.json'}: no 'config' (written by an older mcfl); "
                              f"rerun the training job to record it")
         rows = [{k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
                 for row in pd.read_csv(d / "history.csv").to_dict("records")]
-        t = MLflowTracker(experiment, client=client)
+        end_s = (d / "metrics.json").stat().st_mtime
+        start_s = end_s - float(m.get("wall_s") or 0.0)
+        t = MLflowTracker(experiment, client=client, defer=False)
         t.start(m["config"], {k: m[k] for k in ("git", "data_hash", "run_hash", "threads", "torch", "cpu")
-                              if k in m}, history=rows,
-                tags={RECORD_TAG: key})
+                              if k in m}, tags={RECORD_TAG: key}, start_time=_ms(start_s))
+        t._replay(rows, _round_times(rows, start_s))
         t.artifacts([d / f for f in OUTPUTS if (d / f).exists()])
-        t.end("FINISHED")
+        t.end("FINISHED", end_time=_ms(end_s))
         out.append((str(d), t.run_id))
     return out
 
 
-def init_sweep(experiment: str, name: str) -> str:
-    """Create the store and experiment (once, before parallel jobs) and a parent run; return its id.
-    A tracking server that does not answer stops the sweep here, before any job is submitted."""
+def init_sweep(experiment: str, runs: Iterable[dict] = ()) -> str:
+    """Create the store and the experiment once, before parallel jobs start, with the runs table's
+    view showing the settings that differ between ``runs`` (the invocation's planned runs); return
+    the experiment's id. A store that cannot be used stops the invocation here, before any job is
+    submitted (:class:`TrackingError`, one line)."""
     check_server()
     client = _client()
-    exp = experiment_id(client, experiment)
-    run = _retry(client.create_run, exp, tags={"mlflow.runName": name, "sweep": "true"})
-    return run.info.run_id
+    return experiment_id(client, experiment, differing_settings(runs))
 
 
-def end_sweep(run_id: str, status: str) -> None:
-    """Mark the sweep run ended; with a tracking server, print the link to its runs table (the
-    *Model training* view: MLflow 3.17's UI otherwise opens the GenAI overview; docs/cluster.md)."""
-    client = _client()
-    _retry(client.set_terminated, run_id, status)
-    uri = tracking_uri()
+def ui_hint(experiment_id: str, uri: str | None = None, cwd: Path | None = None) -> str:
+    """What to run and open to see the runs: ``mlflow ui ...  ->  URL`` for a sqlite store (the
+    URL ``mlflow ui`` serves by default), the URL alone for a tracking server."""
+    uri = uri or tracking_uri()
     if uri.startswith(("http://", "https://")):
-        exp = _retry(client.get_run, run_id).info.experiment_id
-        print(f"MLflow runs: {runs_link(uri, exp)}", file=sys.stderr)
+        return runs_link(uri, experiment_id)
+    store = uri
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        try:
+            store = f"sqlite:///{path.relative_to((cwd or Path.cwd()).resolve())}"
+        except ValueError:
+            pass
+    return f"mlflow ui --backend-store-uri {store}  ->  {runs_link('http://127.0.0.1:5000', experiment_id)}"
 
 
 def runs_link(uri: str, experiment_id: str) -> str:
-    """The UI's runs table of an experiment, in the *Model training* view."""
-    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    """The UI's runs table of an experiment, in the *Model training* view, with mcfl's saved view
+    (columns, order). MLflow 3's UI picks its GenAI overview or the runs table by the
+    ``workflowType`` parameter (else what the browser last chose, GenAI by default)."""
+    return (f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs"
+            f"?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}")

@@ -7,6 +7,7 @@
 # (results, data_dir, experiment, ...) then reach the command as single words whatever they contain;
 # tests/test_faults.py checks every rule file for it.
 import os
+import sys
 import time
 
 from snakemake.exceptions import WorkflowError
@@ -54,9 +55,11 @@ wildcard_constraints:
     seed=P.wildcard_constraints()["seed"],
 
 
-# MLflow: create the store, the experiment and one parent "sweep" run before any job starts;
-# training jobs nest their runs under it (they read its id from the environment).
-SWEEP = {}
+# MLflow: create the store and the experiment (with the runs table's view) before any job starts;
+# every run is tagged with this invocation (`sweep`: config file and start time). A store that
+# cannot be used stops here with one line. The last line of a successful invocation says what to
+# open (mcfl.track.ui_hint).
+MLFLOW = {}
 
 
 onstart:
@@ -69,21 +72,24 @@ onstart:
     except Exception as e:  # noqa: BLE001 - an estimate never stops the workflow
         print(f"(no cost estimate: {e})")
     if config["tracking"]:
-        from mcfl.track import SWEEP_ENV, init_sweep
+        from mcfl.track import SWEEP_ENV, UNREACHABLE_ENV, TrackingError, init_sweep
 
-        SWEEP["id"] = init_sweep(config["experiment"], "snakemake " + time.strftime("%Y-%m-%d %H:%M:%S"))
-        os.environ[SWEEP_ENV] = SWEEP["id"]
+        _names = [os.path.basename(str(f)) for f in workflow.configfiles]
+        os.environ[SWEEP_ENV] = " + ".join(_names or ["snakemake"]) + time.strftime(" %Y-%m-%d %H:%M:%S")
+        try:
+            MLFLOW["experiment_id"] = init_sweep(config["experiment"], P.runs.values())
+        except TrackingError as e:
+            if os.environ.get(UNREACHABLE_ENV) == "defer":  # jobs train untracked
+                print(f"warning: {e}", file=sys.stderr)
+            else:
+                print(f"error: {e}", file=sys.stderr)
+                os._exit(1)  # before any job; Snakemake would print a traceback
 
 
 onsuccess:
-    if SWEEP:
-        from mcfl.track import end_sweep
+    if MLFLOW:
+        from mcfl.track import ui_hint
+        import atexit
 
-        end_sweep(SWEEP["id"], "FINISHED")
-
-
-onerror:
-    if SWEEP:
-        from mcfl.track import end_sweep
-
-        end_sweep(SWEEP["id"], "FAILED")
+        # at exit: after Snakemake's own last line ("Complete log(s): ...")
+        atexit.register(print, f"MLflow: {ui_hint(MLFLOW['experiment_id'])}", file=sys.stderr)
