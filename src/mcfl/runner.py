@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from mcfl import algorithms
+from mcfl.bounds import check_run
 from mcfl.data.store import load, warn_untested
 from mcfl.evaluation import RoundCache, evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
@@ -173,6 +174,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     cls = algorithms.get(run["method"])
     params = cls.Params(**run["params"])
     tcfg = TrainSpec.of(run["train"])
+    check_run(tcfg, run["model"], data, K=run["params"].get("K"), device=dev)   # before allocating
     fed = build_federation(data, run["model"], tcfg, run["seed"], dev, inputs)
     algo = cls(fed, params)
     run_hash = config_hash({k: run[k] for k in ("dataset", "method", "params", "model", "train", "seed")})

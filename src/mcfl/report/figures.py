@@ -34,7 +34,7 @@ import torch
 from mcfl.streams import FIGURE_CLIENTS as SAMPLE_CLIENTS
 from mcfl.streams import FIGURE_ROWS as SAMPLE_ROWS
 from mcfl.streams import derive_seed
-from mcfl.io import atomic_path
+from mcfl.io import atomic_path, load_tensors
 
 
 
@@ -143,12 +143,15 @@ def clusters_figure(run: dict, store: str | Path, state_path: str | Path, out: s
     fed = build_federation(data, run["model"], run["train"], run["seed"], device)
     params = cls.Params(**run["params"])
     algo = cls(fed, params)
-    saved = torch.load(state_path, map_location=fed.device, weights_only=True)
-    if not saved:
+    saved = load_tensors(state_path, "a run's state.pt", fed.device)
+    if not isinstance(saved, dict) or not saved:
         raise ValueError(f"{state_path}: holds no state (written for an unclustered run)")
     if "absent" in saved:       # docs/tools/import_device_runs.py: the state stayed on the device machine
         raise ValueError(f"{state_path}: holds no state ({saved['absent']})")
-    state = algo.load_state(saved)
+    try:
+        state = algo.load_state(saved)
+    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ValueError(f"{state_path}: not a state of {run['method']} ({type(e).__name__}: {e})") from None
     assign = np.asarray(algo.assignments(state))
     m = fed.n_clients
     rng = np.random.default_rng(derive_seed(seed, SAMPLE_CLIENTS))
