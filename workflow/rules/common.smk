@@ -5,18 +5,31 @@
 # element by element, so an optional flag is a list: the flag and its value, or nothing). Config values
 # (results, data_dir, experiment, ...) then reach the command as single words whatever they contain;
 # tests/test_faults.py checks every rule file for it.
+import copy
 import os
 import time
 
 from snakemake.exceptions import WorkflowError
+from snakemake.utils import update_config
 
 from mcfl.config import ConfigError, read_yaml, validate
 from mcfl.data.store import FORMAT as STORE_FORMAT  # a param of the rules that write stores
 from mcfl.plan import Plan
 
 try:
-    for _f in workflow.configfiles:  # Snakemake's YAML loader keeps a duplicated key's last value
-        read_yaml(_f)
+    # Every config file is read again with mcfl's loader, the one `mcfl check-config` uses (it
+    # refuses duplicated keys, which Snakemake's keeps the last of, deep nesting, alias bombs and
+    # files over 1 MB), and that reading replaces Snakemake's, with --config KEY=VALUE on top.
+    if workflow.configfiles:
+        _loaded = {}
+        for _f in workflow.configfiles:
+            _doc = read_yaml(_f)
+            if not isinstance(_doc, dict):
+                raise ConfigError(f"{_f}: top level must be a mapping")
+            update_config(_loaded, _doc)
+        update_config(_loaded, copy.deepcopy(dict(workflow.config_settings.config or {})))
+        config.clear()
+        config.update(_loaded)
     validate(config, " + ".join(map(str, workflow.configfiles)) or "config")
     P = Plan(config)
 except ConfigError as e:
