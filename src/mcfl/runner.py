@@ -140,8 +140,7 @@ def check_checkpoint(path: Path, ck: dict, rounds: int) -> None:
     if type(r) is not int:
         bad("round", f"is {r!r:.40}, not an integer")
     if not 1 <= r < rounds:
-        bad("round", f"is {r}, outside 1..{rounds - 1} (a checkpoint is written before the last of "
-                     f"the run's {rounds} rounds)")
+        bad("round", f"is {r}, outside 1..{rounds - 1}")
     h = ck.get("history")
     if not isinstance(h, list) or not all(isinstance(row, dict) for row in h):
         bad("history", f"is {type(h).__name__}, not a list of rows")

@@ -23,13 +23,16 @@ file and the metadata that gives the arrays their meaning (:data:`CONTENT_KEYS`:
 ``x_scale``, ``n_classes``, client ids, domains; not provenance such as ``source`` or ``params``),
 and is what each training run logs as its data hash.
 
-Verification (:func:`verify_store`): every :func:`load` recomputes the content hash from
-``meta.json`` (so an edited ``x_scale``, ``n_classes`` or ``content_hash`` is caught at no cost)
-and checks each file's size against its header; ``load(verify=True)`` also re-hashes every array
-file (a full read: 0.73 s per GB here, page cache warm; benchmarks/verify_store.py) and scans
-float features for NaN/inf.
-``mcfl train`` loads with ``verify=True``, before it trains or resumes (a checkpoint resumes only
-on the data hash it was written with).
+Verification (:func:`verify_store`, :func:`load`): every command opens a store through
+:func:`load`, whose default ``verify=True`` re-hashes every array file (a full read: 0.73 s per GB
+here, page cache warm; benchmarks/verify_store.py), recomputes the content hash from ``meta.json``
+(so an edited ``x_scale``, ``n_classes`` or ``content_hash`` is caught), checks each file's size
+against its header, checks the metadata against the arrays themselves (counts, dtypes, byte order,
+the sample shape's rank, at most :data:`MAX_CLASSES` classes) and scans float features for
+NaN/inf, all before anything is read or written: ``partition``, ``export-leaf``, ``init-centres``,
+``select-k`` and the figures refuse a changed store as ``train`` does (``mcfl train`` verifies
+before it trains or resumes; a checkpoint resumes only on the data hash it was written with).
+``verify=False`` (the cheap check) is for a store the same process has just written.
 
 Data faults are checked once, on the concatenated arrays (:func:`check_arrays`), both when a store
 is written (``write_store``/``write_arrays``, so no source can write a bad store) and when it is
