@@ -13,8 +13,9 @@ once the store is verified and before the federation is built:
 * the model builds for the store's sample shape and classes (built on PyTorch's ``meta`` device:
   no memory), which gives its size P;
 * a lower bound of the memory the run allocates: the store's arrays on the training device, the
-  batch plan of the largest client, the stacked weights of a round's clients (or one chunk of the
-  batched executor) and the K centres, each P float32 values, against the free memory of the
+  batch plan of the largest client, the stacked weights of one chunk of the batched executor
+  (``executor_chunk`` clients; results are otherwise streamed client by client) and the K
+  centres, each P float32 values, against the free memory of the
   device (``psutil`` where installed, else ``/proc/meminfo``; ``torch.cuda.mem_get_info`` on a
   GPU). The error names the setting to change.
 
@@ -100,8 +101,9 @@ def estimate(train: dict, data, n_params: int, K: int | None = None) -> dict[str
     per_epoch = max(1, math.ceil(n_max / B))
     plan_rows = math.ceil(steps / per_epoch) * per_epoch if steps else 0   # whole epochs, padded
     c = data.n_clients if t.clients_per_round is None else min(int(t.clients_per_round), data.n_clients)
-    if t.executor == "batched" and t.executor_chunk:
-        c = min(c, int(t.executor_chunk))
+    # the executors stream results client by client; the batched one stacks a chunk of clients
+    # (an automatic chunk is sized by the executor to the device's memory: counted as one client)
+    c = min(c, int(t.executor_chunk)) if t.executor == "batched" and t.executor_chunk else 1
     x_bytes = sum(int(np.prod(getattr(data, f"x_{s}").shape, dtype=np.int64)) * getattr(data, f"x_{s}").dtype.itemsize
                   for s in ("train", "test"))
     return {"data": x_bytes + (len(data.y_train) + len(data.y_test)) * I64,
@@ -113,7 +115,7 @@ def estimate(train: dict, data, n_params: int, K: int | None = None) -> dict[str
 #: what to change for each part of the estimate
 REMEDY = {"data": "a smaller store (fewer clients or samples)",
           "batch plan": "train.batch_size or train.local_steps",
-          "stacked weights": "train.clients_per_round (or train.executor_chunk for the batched executor)",
+          "stacked weights": "train.executor_chunk",
           "centres": "K",
           "model": "the model's width (model block)"}
 

@@ -123,8 +123,12 @@ def load_tensors(path: str | os.PathLike, what: str, map_location: Any = "cpu") 
 
     import torch
 
+    import warnings
+
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():      # a foreign pickle's protocol: the error below says it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location=map_location, weights_only=True)
     except OSError:
         raise
     except pickle.UnpicklingError as e:
