@@ -1215,9 +1215,10 @@ def test_a_run_larger_than_free_memory_names_the_setting(digits_store, tmp_path,
     replaced by 1 MB): the error names the largest part and the setting that shrinks it."""
     from mcfl import bounds
 
-    monkeypatch.setattr(bounds, "available_memory", lambda device="cpu": 2**20)
+    monkeypatch.setattr(bounds, "available_memory", lambda device="cpu": 10 * 2**10)
     assert _cli_train(make_run(rounds=1), digits_store, tmp_path / "out") == 1
-    _one_line_error(capsys.readouterr().err, "train", r"needs at least [\d.]+ MB \(.*\) but cpu has 1 MB free; lower ")
+    _one_line_error(capsys.readouterr().err, "train", r"run: needs at least [\d.]+ [kM]B \(.*\) but cpu has 10 kB "
+                                                      r"free; lower (a smaller store|the model's width)")
 
 
 def test_free_memory_is_read_from_psutil_or_proc_meminfo(monkeypatch):

@@ -86,7 +86,9 @@ def model_size(model_cfg: dict, data) -> int:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 2**30:.1f} GB" if n >= 2**30 / 10 else f"{n / 2**20:.0f} MB"
+    if n >= 2**30 / 10:
+        return f"{n / 2**30:.1f} GB"
+    return f"{n / 2**20:.0f} MB" if n >= 2**20 else f"{n / 2**10:.0f} kB"
 
 
 def estimate(train: dict, data, n_params: int, K: int | None = None) -> dict[str, int]:
