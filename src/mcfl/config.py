@@ -138,8 +138,8 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _n
 def read_yaml(path: str | Path) -> Any:
     """Parse a YAML config file; every failure is a one-line ConfigError naming the file. Files
     over :data:`MAX_BYTES`, nesting over :data:`MAX_DEPTH` and more than :data:`MAX_NODES` values
-    (aliases expanded) are refused, so no
-    config can make the loader (or what walks its result) hang or recurse without bound."""
+    (aliases expanded) are refused, so no config can make the loader (or what walks its result)
+    hang or recurse without bound."""
     path = Path(path)
     try:
         if path.is_file() and path.stat().st_size > MAX_BYTES:
