@@ -1162,3 +1162,436 @@ def test_the_snakefile_rejects_a_duplicated_key_before_any_job(tmp_path, cli_env
                        capture_output=True, text=True, timeout=300)
     out = r.stdout + r.stderr                       # Snakemake prints a WorkflowError on stdout
     assert r.returncode != 0 and re.search(r"c\.yaml: line \d+: duplicate key 'seeds'", out), out[-2000:]
+
+
+# ========================================================================= reliability: round three
+# Faults of the data-aware bounds, the config loader's limits, stores whose metadata lies (hashes
+# recomputed), every command that opens a store, LEAF input, OSErrors and checkpoints. Each table
+# row is (case id, bad input, regex of the one-line error); every case checks stderr for a traceback.
+
+def _rehash(store: Path, arrays: dict | None = None, **meta_changes) -> None:
+    """Replace arrays and edit meta.json of ``store``, then recompute every hash: a store whose
+    metadata lies but whose hashes are valid (what a careless hand-made store looks like)."""
+    meta = json.loads((store / "meta.json").read_text())
+    for name, a in (arrays or {}).items():
+        np.save(store / f"{name}.npy", a)
+        meta["files"][f"{name}.npy"] = sha256_file(store / f"{name}.npy")
+    meta.update(meta_changes)
+    meta["content_hash"] = content_hash(meta)
+    (store / "meta.json").write_text(json.dumps(meta))
+
+
+def _arr(store: Path, name: str) -> np.ndarray:
+    return np.load(store / f"{name}.npy")
+
+
+LYING_STORES = [
+    ("float-labels", lambda s: _rehash(s, {"y_train": _arr(s, "y_train").astype(np.float64)}),
+     r"y_train\.npy: labels of dtype float64; expected int64"),
+    ("2d-labels", lambda s: _rehash(s, {"y_test": _arr(s, "y_test").reshape(-1, 1)}),
+     r"y_test\.npy: 2-D array of shape \(\d+, 1\); expected one dimension"),
+    ("5d-images", lambda s: _rehash(s, {"x_train": _arr(s, "x_train")[..., None], "x_test": _arr(s, "x_test")[..., None]},
+                                    x_shape=json.loads((s / "meta.json").read_text())["x_shape"] + [1]),
+     r"meta\.json: x_shape \[1, 8, 8, 1\] has 4 dimensions"),
+    ("big-endian", lambda s: _rehash(s, {"x_train": _arr(s, "x_train").astype(">f4")}, x_dtype="float32"),
+     r"x_train\.npy: stored big-endian \(>f4\)"),
+    ("x_dtype-lies", lambda s: _rehash(s, x_dtype="float32"), r"x_train\.npy: dtype uint8 but meta\.json's x_dtype says 'float32'"),
+    ("n_train-lies", lambda s: _rehash(s, n_train=5), r"meta\.json: n_train is 5 but offsets_train\.npy says \d+"),
+    ("n_test-lies", lambda s: _rehash(s, n_test="many"), r"meta\.json: n_test is 'many' but offsets_test\.npy says \d+"),
+    ("n_clients-lies", lambda s: _rehash(s, n_clients=3), r"meta\.json: n_clients is 3 but client_ids says 16"),
+    ("huge-n_classes", lambda s: _rehash(s, n_classes=10**9 + 1), r"meta\.json: n_classes 1000000001 is larger than 100000"),
+    ("float-offsets", lambda s: _rehash(s, {"offsets_test": _arr(s, "offsets_test").astype(np.float32)}),
+     r"offsets_test\.npy: entries of dtype float32; expected int64"),
+    ("int8-clusters", lambda s: _rehash(s, {"cluster": _arr(s, "cluster").astype(np.int8)}),
+     r"cluster\.npy: entries of dtype int8; expected int64"),
+    ("complex-x", lambda s: _rehash(s, {f"x_{t}": _arr(s, f"x_{t}").astype(np.complex64) for t in ("train", "test")},
+                                    x_dtype="complex64"), r"x_train\.npy: dtype complex64; inputs are one of uint8"),
+]
+
+
+@pytest.mark.parametrize("damage, message", [c[1:] for c in LYING_STORES], ids=[c[0] for c in LYING_STORES])
+def test_a_store_whose_metadata_lies_is_refused_in_one_line(damage, message, digits_store, tmp_path, capsys):
+    store = tmp_path / "store"
+    shutil.copytree(digits_store, store)
+    damage(store)
+    assert _cli_train(make_run(rounds=1), store, tmp_path / "out") == 1
+    _one_line_error(capsys.readouterr().err, "train", message)
+    assert not (tmp_path / "out").exists()
+
+
+# every command that reads a store verifies it in full before writing anything
+def _store_commands(store: Path, tmp: Path) -> dict[str, list[str]]:
+    fesem = make_run(method="FeSEM", params={"K": 2, "restarts": 2})
+    (tmp / "assignments.csv").write_text("client,true_cluster,cluster\n" +
+                                         "".join(f"c{i},0,{i % 2}\n" for i in range(16)))
+    return {
+        "partition": ["partition", str(store), "--out", str(tmp / "new"), "--scheme", "iid"],
+        "export-leaf": ["export-leaf", str(store), "--out", str(tmp / "new")],
+        "init-centres": ["init-centres", "--run", json.dumps(fesem), "--store", str(store),
+                         "--out", str(tmp / "new"), "--threads", "1", "--device", "cpu"],
+        "train": ["train", "--run", json.dumps(make_run(rounds=1)), "--store", str(store), "--out",
+                  str(tmp / "new"), "--no-tracking", "--no-progress", "--threads", "1"],
+        "figure": ["figure", "cases", "--store", str(store), "--assignments", str(tmp / "assignments.csv"),
+                   "--out", str(tmp / "new")],
+    }
+
+
+STORE_COMMANDS = ("partition", "export-leaf", "init-centres", "train", "figure")
+
+
+@pytest.mark.parametrize("command", STORE_COMMANDS)
+@pytest.mark.parametrize("damage, message", [
+    (lambda s: _flip_byte(s / "x_train.npy"), r"x_train\.npy: sha256 differs from meta\.json"),
+    (lambda s: _flip_byte(s / "y_test.npy"), r"y_test\.npy: sha256 differs from meta\.json"),
+    (lambda s: _rehash(s, n_train=3), r"meta\.json: n_train is 3 but"),
+], ids=["flip-x_train", "flip-y_test", "n_train-lies"])
+def test_every_command_refuses_a_changed_store_before_writing(command, damage, message, digits_store,
+                                                              tmp_path, capsys):
+    store = tmp_path / "store"
+    shutil.copytree(digits_store, store)
+    damage(store)
+    argv = _store_commands(store, tmp_path)[command]
+    assert cli.main(argv) == 1
+    _one_line_error(capsys.readouterr().err, command, message)
+    assert not (tmp_path / "new").exists() and not list(tmp_path.glob(".new.*"))
+
+
+# bounds that know the data: checked against the store before anything large is allocated
+BOUNDS_FAULTS = [
+    ("batch-1e9", {"batch_size": 10**9}, r"--run: |train\.batch_size: 1000000000 is larger than the largest "
+                                          r"client's training set \(\d+ samples in .*\); at most \d+"),
+    ("batch-over-largest", {"batch_size": 5000}, r"train\.batch_size: 5000 is larger than the largest client"),
+    ("clients-per-round", {"clients_per_round": 17}, r"train\.clients_per_round: 17 is larger than the number of "
+                                                     r"clients of .* \(16\)"),
+    ("steps-1e9", {"local_steps": 10**9, "batch_size": 50},
+     r"train: needs at least [\d.]+ [GT]B \(batch plan [\d.]+ GB.*free; lower train\.batch_size or train\.local_steps"),
+    ("K-over-clients", {"method": "FeSEM", "params": {"K": 17, "restarts": 1}}, r"K: K=17 is larger than the number of clients"),
+    ("model-shape", {"model": {"name": "digits_cnn"}},                    # on the synthetic store
+     r"model\.name: 'digits_cnn' cannot be built for .*synthetic's samples of shape \[60\]"),
+]
+
+
+@pytest.mark.parametrize("change, message", [c[1:] for c in BOUNDS_FAULTS], ids=[c[0] for c in BOUNDS_FAULTS])
+def test_settings_are_checked_against_the_store_before_allocation(change, message, digits_store, synthetic_store,
+                                                                  tmp_path, capsys):
+    import resource
+
+    run = make_run(rounds=1)
+    store = synthetic_store if "model" in change else digits_store
+    for k, v in change.items():
+        (run if k in ("method", "params", "model") else run["train"])[k] = v
+    if "params" in change:
+        run["label"] = "FeSEM(17)"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    assert _cli_train(run, store, tmp_path / "out") == 1
+    _one_line_error(capsys.readouterr().err, "train", message)
+    assert time.perf_counter() - t0 < 30
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 500_000     # KiB: nothing big
+    assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_a_run_larger_than_free_memory_names_the_setting(digits_store, tmp_path, capsys, monkeypatch):
+    """The memory estimate against what the machine has free (psutil or /proc/meminfo, here
+    replaced by 1 MB): the error names the largest part and the setting that shrinks it."""
+    from mcfl import bounds
+
+    monkeypatch.setattr(bounds, "available_memory", lambda device="cpu": 10 * 2**10)
+    assert _cli_train(make_run(rounds=1), digits_store, tmp_path / "out") == 1
+    _one_line_error(capsys.readouterr().err, "train", r"run: needs at least [\d.]+ [kM]B \(.*\) but cpu has 10 kB "
+                                                      r"free; lower (a smaller store|the model's width)")
+
+
+def test_free_memory_is_read_from_psutil_or_proc_meminfo(monkeypatch):
+    from mcfl import bounds
+
+    free = bounds.available_memory("cpu")
+    assert free is not None and free > 0
+    monkeypatch.setitem(sys.modules, "psutil", None)                 # not installed
+    text = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    if "MemAvailable:" not in text:
+        pytest.skip("no /proc/meminfo on this system")
+    want = int(re.search(r"MemAvailable:\s+(\d+) kB", text).group(1)) * 1024
+    assert abs(bounds.available_memory("cpu") - want) < 2**30
+
+
+def test_the_memory_estimate_counts_the_largest_allocations(digits_store):
+    """By hand: the batch plan pads whole epochs to the batch size (int64 row indices); the stacked
+    weights are one client's P float32 (results stream), a batched chunk's three copies of each of
+    its clients' P float32; K centres twice K x P."""
+    from mcfl.bounds import estimate, model_size
+
+    d = load(digits_store)
+    P = model_size({"name": "digits_cnn"}, d)
+    n = int(d.n_train().max())
+    t = make_run(batch_size=7, local_epochs=2, clients_per_round=5)["train"]
+    parts = estimate(t, d, P, K=3)
+    assert parts["batch plan"] == 2 * -(-n // 7) * 7 * 8
+    assert parts["stacked weights"] == P * 4
+    assert parts["centres"] == 3 * P * 4 * 2
+    assert estimate(dict(t, executor="batched", executor_chunk=2), d, P)["stacked weights"] == 2 * P * 4 * 3
+    import torch.nn as nn
+
+    from mcfl import models
+    assert P == sum(p.numel() for p in models.build("digits_cnn", d.x_shape, d.n_classes).parameters())
+    assert isinstance(models.build("digits_cnn", d.x_shape, d.n_classes), nn.Module)
+
+
+# the config loader: bounded in size, depth and expanded aliases; keys are strings; values that
+# reach a file name, a wildcard or a plot label hold no braces or `$`
+def _alias_bomb(levels: int = 9) -> str:
+    lines = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\nseeds: [0]\n"
+
+
+def _config_with(change) -> str:
+    cfg = _base()
+    change(cfg)
+    return yaml.safe_dump(cfg)
+
+
+LOADER_FAULTS = [
+    ("alias-bomb", _alias_bomb(), r"c\.yaml: line \d+: the config stands for more than 100000 values once its "
+                                  r"YAML aliases \(\*name\) are expanded"),
+    ("deep-lists", "seeds: " + "[" * 400 + "]" * 400 + "\n", r"c\.yaml: line 1: nested more than 32 levels deep"),
+    ("deep-maps", "".join("  " * i + f"k{i}:\n" for i in range(40)) + "  " * 40 + "v: 1\n",
+     r"c\.yaml: line \d+: nested more than 32 levels deep"),
+    ("big-file", "seeds: [" + ", ".join(["0"] * 400_000) + "]\n", r"c\.yaml: \d+ bytes; a config file may hold at most 1048576"),
+    ("int-dataset-key", _config_with(lambda c: c["datasets"].update({1: c["datasets"].pop("digits")})),
+     r"c\.yaml: datasets\.1: keys must be strings, found int 1 \(quote it\)"),
+    ("float-key", "seeds: [0]\n1.5: x\n", r"c\.yaml: 1\.5: keys must be strings, found float"),
+    ("many-seeds", _config_with(lambda c: c.update(seeds=list(range(1001)))), r"c\.yaml: seeds: .* is too long"),
+    ("many-runs", _config_with(lambda c: c.update(seeds=list(range(1000))) or c["methods"][2].update(K=list(range(1, 60)))),
+     r"c\.yaml: methods: the config makes up to \d+ runs; at most 100000"),
+    ("brace-publish-out", _config_with(lambda c: c.update(publish={"out": "docs/{x}", "title": "t"})),
+     r"c\.yaml: publish\.out: 'docs/\{x\}' does not match"),
+    ("dollar-publish-title", _config_with(lambda c: c.update(publish={"out": "docs/x", "title": "$x^$"})),
+     r"c\.yaml: publish\.title: '\$x\^\$' does not match"),
+    ("brace-protocols-out", _config_with(lambda c: c.update(protocols={"out": "r/{dataset}"})),
+     r"c\.yaml: protocols\.out: 'r/\{dataset\}' does not match"),
+    ("dollar-protocols-title", _config_with(lambda c: c.update(protocols={"out": "r/t", "title": "$\\alpha"})),
+     r"c\.yaml: protocols\.title: .* does not match"),
+    ("dollar-label", _config_with(lambda c: c["methods"][0].update(label="$Fed_{Avg}$")),
+     r"c\.yaml: methods\[0\]\.label: '\$Fed_\{Avg\}\$' does not match"),
+    ("dollar-figure-run", _config_with(lambda c: c.update(figures={"clusters": {"run": "$x$"}})),
+     r"c\.yaml: figures\.clusters\.run: '\$x\$' does not match"),
+    ("newline-experiment", _config_with(lambda c: c.update(experiment="a\nb")), r"c\.yaml: experiment: 'a\\nb' does not match"),
+    ("empty-file", "", r"c\.yaml: top level must be a mapping"),
+]
+
+
+@pytest.mark.parametrize("content, message", [c[1:] for c in LOADER_FAULTS], ids=[c[0] for c in LOADER_FAULTS])
+def test_config_loader_faults_are_one_line_and_quick(content, message, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(content)
+    t0 = time.perf_counter()
+    assert cli.main(["check-config", str(path)]) == 1
+    _one_line_error(capsys.readouterr().err, "check-config", message)
+    assert time.perf_counter() - t0 < 20          # the checks themselves: the alias bomb below
+
+
+def test_a_small_alias_bomb_is_refused_in_under_a_second(tmp_path):
+    from mcfl.config import read_yaml
+
+    text = _alias_bomb(12)                         # 10^12 values in about 600 bytes
+    assert len(text) < 1000
+    (tmp_path / "bomb.yaml").write_text(text)
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"more than 100000 values"):
+        read_yaml(tmp_path / "bomb.yaml")
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_the_default_config_keeps_its_aliases(tmp_path):
+    """Aliases are allowed within the bound: the default config uses one (`datasets: *table2`)."""
+    from mcfl.config import load_config
+
+    assert "*" in (ROOT / "config" / "config.yaml").read_text()
+    assert expand_runs(load_config(ROOT / "config" / "config.yaml"))
+
+
+def test_errors_are_never_empty():
+    assert cli.error_line(MemoryError()) == "out of memory"
+    assert cli.error_line(ValueError()) == "ValueError"
+    assert cli.error_line(RecursionError("maximum recursion depth exceeded")).startswith("input nested too deeply")
+    assert cli.error_line(OSError(28, "No space left on device", "r/state.pt")) == "r/state.pt: no space left on device"
+
+
+@pytest.mark.slow
+def test_the_snakefile_reads_configs_with_the_mcfl_loader(tmp_path, cli_env):
+    """`snakemake --configfile` with an integer dataset key and with an alias bomb: the Snakefile
+    reads the file again with mcfl's loader and stops before planning, with check-config's message."""
+    smk = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or "snakemake"
+    cases = {"int.yaml": (_config_with(lambda c: c["datasets"].update({1: c["datasets"].pop("digits")})),
+                          r"int\.yaml: datasets\.1: keys must be strings"),
+             "bomb.yaml": (_alias_bomb(), r"bomb\.yaml: line \d+: the config stands for more than 100000 values")}
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        r = subprocess.run([smk, "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--configfile",
+                            str(tmp_path / name), "-n", "--cores", "1"], env=cli_env,
+                           capture_output=True, text=True, timeout=300)
+        out = r.stdout + r.stderr
+        assert r.returncode != 0 and re.search(message, out), out[-2000:]
+
+
+# LEAF input: each fault names the file (and user) or the flag, and leaves no store
+def _leaf_dir(root: Path, train, test) -> Path:
+    for split, users in (("train", train), ("test", test)):
+        (root / split).mkdir(parents=True)
+        text = users if isinstance(users, str) else json.dumps(
+            {"users": list(users), "num_samples": [len(v["y"]) for v in users.values()], "user_data": users})
+        (root / split / "d.json").write_text(text)
+    return root
+
+
+_PIX = [[(i + j) % 256 / 255 for j in range(784)] for i in range(3)]
+_OK_TEST = {"u1": {"x": _PIX[:1], "y": [0]}}
+
+LEAF_FAULTS = [
+    ("label-1e9", {"u1": {"x": _PIX, "y": [0, 1, 10**9]}}, _OK_TEST, [],
+     r"train/d\.json: user 'u1': y has the label 1000000000; labels must be below 100000"),
+    ("label-30-digits", {"u1": {"x": _PIX, "y": [0, 1, 10**30]}}, _OK_TEST, [],
+     r"train/d\.json: user 'u1': y has a value too large to store"),
+    ("int-5000-digits", '{"users": ["u1"], "user_data": {"u1": {"x": [[0.5]], "y": [' + "7" * 5000 + "]}}}", _OK_TEST, [],
+     r"train/d\.json: not valid LEAF JSON \(Exceeds the limit \(4300 digits\)"),
+    ("nested-json", '{"users": ["u1"], "user_data": {"u1": {"x": ' + "[" * 50_000 + "]" * 50_000 + ', "y": [0]}}}',
+     _OK_TEST, [], r"train/d\.json: not valid LEAF JSON \(nested too deeply\)"),
+    ("empty-samples", {"u1": {"x": [[], []], "y": [0, 1]}}, {"u1": {"x": [[]], "y": [0]}}, [],
+     r"train/d\.json: user 'u1': x holds samples of no values"),
+    ("no-test-data", {"u1": {"x": _PIX, "y": [0, 1, 2]}}, {"u1": {"x": [], "y": []}}, [],
+     r"test: no user has test samples; a store needs test data"),
+    ("n-classes-huge", {"u1": {"x": _PIX, "y": [0, 1, 2]}}, _OK_TEST, ["--n-classes", "1000000000000"],
+     r"n_classes \(--n-classes\): 1000000000000 is not allowed; give a number of classes from 1 to 100000"),
+    ("n-classes-small", {"u1": {"x": _PIX, "y": [0, 1, 2]}}, _OK_TEST, ["--n-classes", "2"],
+     r"labels go up to 2 but n_classes is 2"),
+    ("x-shape-negative", {"u1": {"x": _PIX, "y": [0, 1, 2]}}, _OK_TEST, ["--x-shape", "-1", "--x-shape", "-1"],
+     r"x_shape \(--x-shape\): \[-1, -1\] is not allowed"),
+    ("x-shape-zero", {"u1": {"x": _PIX, "y": [0, 1, 2]}}, _OK_TEST, ["--x-shape", "0"], r"x_shape \(--x-shape\): \[0\] is not allowed"),
+]
+
+
+@pytest.mark.parametrize("train_users, test_users, flags, message", [c[1:] for c in LEAF_FAULTS],
+                         ids=[c[0] for c in LEAF_FAULTS])
+def test_leaf_faults_are_one_line_naming_the_file_or_flag(train_users, test_users, flags, message, tmp_path, capsys):
+    src = _leaf_dir(tmp_path / "leaf", train_users, test_users)
+    assert cli.main(["prepare", "leaf_json", "--dir", str(src), "--out", str(tmp_path / "store"), *flags]) == 1
+    _one_line_error(capsys.readouterr().err, "prepare", message)
+    assert not (tmp_path / "store").exists()
+
+
+# OSErrors: a full disk (ENOSPC) where each output is written, one line naming the output
+def _enospc_at(monkeypatch, name: str) -> None:
+    import errno
+
+    import mcfl.io as mio
+
+    real = os.replace
+
+    def replace(src, dst):
+        if Path(dst).name == name:
+            raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+        return real(src, dst)
+
+    monkeypatch.setattr(mio.os, "replace", replace)
+
+
+@pytest.mark.parametrize("name", ["seed0.pt", "history.csv", "state.pt", "metrics.json"])
+def test_a_full_disk_names_the_file_in_one_line(name, digits_store, tmp_path, capsys, monkeypatch):
+    _enospc_at(monkeypatch, name)
+    out, ck = tmp_path / "results" / "runs" / "r", tmp_path / "results" / "checkpoints" / "seed0.pt"
+    run = make_run(rounds=3, checkpoint_every=1)
+    assert _cli_train(run, digits_store, out, "--checkpoint", str(ck)) == 1
+    target = ck if name == "seed0.pt" else out / name
+    _one_line_error(capsys.readouterr().err, "train", rf"error: {re.escape(str(target))}: no space left on device$")
+    assert not (out / "metrics.json").exists()
+    assert not list(tmp_path.rglob("*.tmp"))                       # no temporary left behind
+
+
+def test_a_short_write_of_prepare_names_the_file(tmp_path, capsys, monkeypatch):
+    """numpy reports a full disk while saving an array as "N requested and M written"."""
+    import mcfl.data.store as store
+
+    real = np.save
+
+    def short(path, arr, **kw):
+        if Path(path).name == "x_test.npy":
+            raise OSError("1433 requested and 496 written")
+        real(path, arr, **kw)
+
+    monkeypatch.setattr(store.np, "save", short)
+    out = tmp_path / "data" / "digits"
+    assert cli.main(["prepare", "digits", "--out", str(out), "--clients", "8"]) == 1
+    _one_line_error(capsys.readouterr().err, "prepare",
+                    rf"{re.escape(str(out))}/x_test\.npy: write failed \(1433 requested and 496 written; is the disk full\?\)")
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+# checkpoints: validated on load (round in range, history one row per round, types)
+def _damage_checkpoint(ck: Path, **changes) -> None:
+    d = torch.load(ck, weights_only=True)
+    for k, v in changes.items():
+        d[k] = v(d) if callable(v) else v
+    torch.save(d, ck)
+
+
+CHECKPOINT_FAULTS = [
+    ("round-at-rounds", {"round": 4}, r"round is 4, outside 1\.\.3"),
+    ("round-past-rounds", {"round": 99}, r"round is 99, outside 1\.\.3"),
+    ("round-zero", {"round": 0}, r"round is 0, outside 1\.\.3"),
+    ("round-text", {"round": "2"}, r"round is '2', not an integer"),
+    ("round-float", {"round": 2.0}, r"round is 2\.0, not an integer"),
+    ("history-none", {"history": None}, r"history is NoneType, not a list of rows"),
+    ("history-short", {"history": lambda d: d["history"][:1]}, r"history has 1 rows for 2 rounds done"),
+    ("history-renumbered", {"history": lambda d: d["history"][::-1]}, r"history rows are not rounds 1\.\.2"),
+    ("state-list", {"state": []}, r"state is list, not a mapping of tensors"),
+    ("tracking-id-int", {"tracking_id": 7}, r"tracking_id is not a string"),
+    ("segments-text", {"segments": "x"}, r"segments is not a list of mappings"),
+]
+
+
+@pytest.mark.parametrize("changes, message", [c[1:] for c in CHECKPOINT_FAULTS], ids=[c[0] for c in CHECKPOINT_FAULTS])
+def test_a_damaged_checkpoint_is_one_line_naming_the_key(changes, message, digits_store, tmp_path, capsys):
+    run, ck = make_run(rounds=4, checkpoint_every=1), tmp_path / "ck.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train(run, digits_store, tmp_path / "a", checkpoint=ck, progress=False, tracker=_DieAt(3))
+    _damage_checkpoint(ck, **changes)
+    assert _cli_train(run, digits_store, tmp_path / "out", "--checkpoint", str(ck)) == 1
+    _one_line_error(capsys.readouterr().err, "train", rf"{re.escape(str(ck))}: {message}; the checkpoint is damaged")
+    assert ck.exists() and not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_sigterm_during_the_final_rename_leaves_no_metrics_json(digits_store, tmp_path, monkeypatch):
+    """SIGTERM arriving while metrics.json is renamed into place (the CLI turns it into SystemExit
+    right after the rename): the run is KILLED and every output it wrote is removed."""
+    import mcfl.io as mio
+
+    real = os.replace
+
+    def replace(src, dst):
+        real(src, dst)
+        if Path(dst).name == "metrics.json":
+            cli._terminate(signal.SIGTERM, None)
+
+    monkeypatch.setattr(mio.os, "replace", replace)
+    with pytest.raises(SystemExit) as e:
+        train(make_run(rounds=2), digits_store, tmp_path / "out", progress=False)
+    assert e.value.code == 128 + signal.SIGTERM
+    assert [p.name for p in (tmp_path / "out").iterdir()] == []
+
+
+@pytest.mark.parametrize("content, message", [
+    (lambda p: p.write_bytes(b"\x80\x04\x95" + b"garbage"), r"not a run's state\.pt"),
+    (lambda p: torch.save({"centres": object()}, p), r"not a run's state\.pt: it holds objects other than tensors"),
+    (lambda p: torch.save({"nothing": torch.zeros(2)}, p), r"not a state of FeSEM"),
+    (lambda p: p.write_text("plain text"), r"not a run's state\.pt"),
+], ids=["raw-pickle", "object", "wrong-keys", "text"])
+def test_figure_clusters_refuses_a_foreign_state_in_one_line(content, message, digits_store, tmp_path, capsys):
+    state = tmp_path / "state.pt"
+    content(state)
+    run = make_run(method="FeSEM", params={"K": 2, "restarts": 2})
+    argv = ["figure", "clusters", "--run", json.dumps(run), "--store", str(digits_store), "--state", str(state),
+            "--out", str(tmp_path / "fig.png"), "--device", "cpu", "--threads", "1"]
+    assert cli.main(argv) == 1
+    _one_line_error(capsys.readouterr().err, "figure", message)
+    assert not (tmp_path / "fig.png").exists()

@@ -189,9 +189,13 @@ def _federation_for(run: dict, store: str, device: str, threads: int, inputs=Non
     from mcfl.federation import build_federation, resolve_device
     from mcfl.runner import configure_torch
 
+    from mcfl.bounds import check_run
+
     dev = resolve_device(device)
     configure_torch(dev, threads)
-    return build_federation(load(store), run["model"], run["train"], run["seed"], dev, inputs)
+    data = load(store)                      # verified in full before anything is written
+    check_run(run["train"], run["model"], data, K=run.get("K"), device=dev)
+    return build_federation(data, run["model"], run["train"], run["seed"], dev, inputs)
 
 
 def _cmd_init_centres(a) -> int:
@@ -533,6 +537,23 @@ def _command(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def error_line(e: BaseException) -> str:
+    """An exception as one line that is never empty: an OSError as ``FILE: what happened``
+    (``results/r/state.pt: no space left on device``), a MemoryError or an exception without a
+    message by its kind."""
+    if isinstance(e, OSError) and e.strerror and not isinstance(e, ValueError):
+        what = e.strerror[:1].lower() + e.strerror[1:]
+        files = [str(f) for f in (e.filename, e.filename2) if f is not None]
+        text = f"{files[-1]}: {what}" if files else what
+    elif isinstance(e, MemoryError):
+        text = f"out of memory ({e})" if str(e) else "out of memory"
+    elif isinstance(e, RecursionError):
+        text = f"input nested too deeply ({e})"
+    else:
+        text = str(e)
+    return " ".join(text.split()) or type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     # cuBLAS reads this when CUDA first uses it; set here, before anything can (see runner.configure_torch)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -545,9 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return COMMANDS[args.cmd](args)
-    except (ValueError, OSError, MemoryError, DivergenceError) as e:   # ConfigError, StoreError too
-        # one line; OSError's text names its file ("[Errno 21] Is a directory: 'x'")
-        print(f"mcfl {args.cmd}: error: {' '.join(str(e).split())}", file=sys.stderr)
+    except (ValueError, OSError, MemoryError, RecursionError, DivergenceError) as e:   # ConfigError, StoreError too
+        print(f"mcfl {args.cmd}: error: {error_line(e)}", file=sys.stderr)
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)

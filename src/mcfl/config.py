@@ -52,8 +52,13 @@ SIZE_LIMIT = 10**9
 def _check_numbers(node: Any, parts: list) -> None:
     """Every number of the config is finite (YAML's .nan/.inf pass JSON-schema bounds) and no
     integer is unreasonably large; the error names the key."""
+    if len(parts) > MAX_DEPTH:
+        raise ConfigError(f"{_path(parts)}: nested more than {MAX_DEPTH} levels deep")
     if isinstance(node, dict):
         for k, v in node.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{_path(parts + [repr(k)])}: keys must be strings, found "
+                                  f"{type(k).__name__} {k!r:.40} (quote it)")
             _check_numbers(v, parts + [k])
     elif isinstance(node, list):
         for i, v in enumerate(node):
@@ -65,8 +70,52 @@ def _check_numbers(node: Any, parts: list) -> None:
         raise ConfigError(f"{_path(parts)}: {node} is not allowed: larger than {SIZE_LIMIT:.0e}")
 
 
+#: a config file larger than this is refused before it is parsed (the shipped ones are < 20 kB)
+MAX_BYTES = 1 << 20
+#: mappings and lists nested deeper than this are refused while parsing (configs use about 6)
+MAX_DEPTH = 32
+#: the most training runs one config may make (datasets x method entries x K x seeds)
+MAX_RUNS = 100_000
+#: the most nodes (values, lists, mappings) a config may stand for once its aliases are expanded
+MAX_NODES = 100_000
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """safe_load that rejects a key given twice in one mapping (PyYAML keeps the last silently)."""
+    """safe_load that rejects a key given twice in one mapping (PyYAML keeps the last silently),
+    nesting deeper than :data:`MAX_DEPTH` (Python's recursion limit would end it in a
+    RecursionError) and a document that, its aliases (``*name``) expanded, holds more than
+    :data:`MAX_NODES` nodes: a few hundred bytes of nested aliases can stand for 10^9 nodes, which
+    every walk over the config (validation, planning) would visit."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._sizes: dict[int, int] = {}          # id(node) -> nodes it stands for, expanded
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise ConfigError(f"line {line}: nested more than {MAX_DEPTH} levels deep")
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if id(node) not in self._sizes:           # an alias's node is counted where it was defined
+            kids = (node.value if isinstance(node, yaml.SequenceNode) else
+                    [n for kv in node.value for n in kv] if isinstance(node, yaml.MappingNode) else [])
+            self._sizes[id(node)] = 1 + sum(self._sizes.get(id(k), 1) for k in kids)
+        size = self._sizes[id(node)]
+        if size > MAX_NODES:
+            raise ConfigError(f"line {line}: the config stands for more than {MAX_NODES} values "
+                              f"once its YAML aliases (*name) are expanded")
+        return node
+
+    def compose_document(self):
+        node = super().compose_document()
+        self._sizes.clear()
+        return node
 
 
 def _no_duplicates(loader, node, deep=False):
@@ -87,9 +136,15 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _n
 
 
 def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML config file; every failure is a one-line ConfigError naming the file."""
+    """Parse a YAML config file; every failure is a one-line ConfigError naming the file. Files
+    over :data:`MAX_BYTES`, nesting over :data:`MAX_DEPTH` and more than :data:`MAX_NODES` values
+    (aliases expanded) are refused, so no config can make the loader (or what walks its result)
+    hang or recurse without bound."""
     path = Path(path)
     try:
+        if path.is_file() and path.stat().st_size > MAX_BYTES:
+            raise ConfigError(f"{path}: {path.stat().st_size} bytes; a config file may hold at "
+                              f"most {MAX_BYTES} bytes")
         return yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
@@ -98,11 +153,14 @@ def read_yaml(path: str | Path) -> Any:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(f"{path}: ") else f"{path}: {msg}") from None
 
 
 def _schema() -> dict:
@@ -275,6 +333,11 @@ def _validate(cfg: dict, source: str) -> dict:
             msg += f"; allowed: {', '.join(e.schema.get('properties', {}))}"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ConfigError(f"{source}: {_path(e.absolute_path)}: {msg}{more}")
+    n_runs = sum(len(e["K"]) if isinstance(e.get("K"), list) else 1 for name in cfg["datasets"]
+                 for e in cfg["methods"] if name in e.get("datasets", [name])) * len(cfg["seeds"])
+    if n_runs > MAX_RUNS:                   # before any per-run work (an upper bound: seeds subsets)
+        raise ConfigError(f"{source}: methods: the config makes up to {n_runs} runs; at most "
+                          f"{MAX_RUNS} (split it into several configs)")
     for name, ds in cfg["datasets"].items():
         prep = ds["prepare"]
         fn = source_fn(prep["source"])

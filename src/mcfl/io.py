@@ -28,26 +28,40 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
     On error the temporary file or directory is removed and ``path`` is left untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(path)
-    prefix = f".{path.name}.{os.getpid()}."
-    if is_dir:
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=path.parent))
-    else:
-        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        tmp = Path(name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(path)
+        prefix = f".{path.name}.{os.getpid()}."
+        if is_dir:
+            tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=path.parent))
+        else:
+            fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            tmp = Path(name)
+    except OSError as e:
+        raise named(e, path) from e
     try:
         yield tmp
         if is_dir and path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and (e.filename is None or str(e.filename).startswith(str(tmp))):
+            raise named(e, path) from e         # the output's name, not the temporary's
         raise
+
+
+def named(e: OSError, path: str | os.PathLike) -> OSError:
+    """``e`` (say ENOSPC from a ``write()``, which names no file) as an OSError of the same kind
+    naming ``path``: the CLI prints it as ``PATH: no space left on device``."""
+    what = e.strerror or str(e) or type(e).__name__
+    if e.errno is None:                          # numpy's "1433 requested and 496 written"
+        what = f"write failed ({what}; is the disk full?)"
+    return OSError(e.errno, what, str(path))
 
 
 def remove_stale_temps(path: str | os.PathLike) -> None:
@@ -98,6 +112,32 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         return o.tolist()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def load_tensors(path: str | os.PathLike, what: str, map_location: Any = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)`` whose every failure is one ValueError naming the
+    file (an OSError stays one): a pickle of anything but tensors, numbers and containers is
+    refused without running it, and a file that is no torch archive at all says so."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    import warnings
+
+    try:
+        with warnings.catch_warnings():      # a foreign pickle's protocol: the error below says it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except OSError:
+        raise
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: not {what}: it holds objects other than tensors, which are "
+                         f"not loaded ({first[:120]})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, TypeError, AttributeError,
+            KeyError, IndexError, MemoryError) as e:
+        raise ValueError(f"{path}: not {what} ({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

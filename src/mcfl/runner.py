@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from mcfl import algorithms
+from mcfl.bounds import check_run
 from mcfl.data.store import StoreError, load, warn_untested
 from mcfl.divergence import COLUMN as DIVERGED, DivergenceWatch, summary as divergence_summary
 from mcfl.errors import REMEDY, DivergenceError
@@ -102,25 +103,62 @@ def _to_device(state: dict, device) -> dict:
             for k, v in state.items()}
 
 
-def _load_checkpoint(path: Path | None, algo, identity: dict, device) -> dict | None:
-    """The checkpoint at ``path`` if it belongs to this run (same config and data), else None."""
+def _load_checkpoint(path: Path | None, algo, identity: dict, device, rounds: int) -> dict | None:
+    """The checkpoint at ``path`` if it belongs to this run (same config and data), else None.
+    A file that is no checkpoint, or one of another configuration, is ignored with a warning; one
+    of this run whose round, history or types are inconsistent is an error (:func:`check_checkpoint`)."""
     if path is None or not path.is_file():
         return None
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(ck, dict):
+            raise ValueError(f"holds a {type(ck).__name__}, not a checkpoint")
         mine = all(ck.get(k) == identity[k] for k in ("run_hash", "data_hash"))
-        if mine:
-            ck["state"] = algo.load_state(_to_device(ck["state"], device))
     except Exception as e:  # noqa: BLE001 - unreadable, or written by an incompatible version
         log.warning("%s: cannot resume from it (%s); starting afresh", path, e)
         return None
     if not mine:
         log.warning("%s belongs to another configuration or data set; starting afresh", path)
         return None
+    check_checkpoint(path, ck, rounds)
+    try:
+        ck["state"] = algo.load_state(_to_device(ck["state"], device))
+    except Exception as e:  # noqa: BLE001 - written by an incompatible version of the method
+        log.warning("%s: cannot resume from it (%s); starting afresh", path, e)
+        return None
     for key in ("git", "threads", "torch", "cpu"):   # allowed, but the result may not repeat bitwise
         if ck.get(key) != identity[key]:
             log.warning("%s was written with %s %s, resuming with %s", path, key, ck.get(key), identity[key])
     return ck
+
+
+def check_checkpoint(path: Path, ck: dict, rounds: int) -> None:
+    """A checkpoint of this run is consistent before anything of it is used: ``round`` an integer
+    in ``[1, rounds)`` (one is written only before the last round), ``history`` one row per round
+    done, numbered 1..round, ``state`` a mapping, ``tracking_id`` a string, ``segments`` a list.
+    Otherwise a one-line ValueError naming the file and the key (the checkpoint is left in place)."""
+    def bad(key: str, why: str) -> None:
+        raise ValueError(f"{path}: {key} {why}; the checkpoint is damaged: delete it to train the run "
+                         f"from the start")
+
+    r = ck.get("round")
+    if type(r) is not int:
+        bad("round", f"is {r!r:.40}, not an integer")
+    if not 1 <= r < rounds:
+        bad("round", f"is {r}, outside 1..{rounds - 1}")
+    h = ck.get("history")
+    if not isinstance(h, list) or not all(isinstance(row, dict) for row in h):
+        bad("history", f"is {type(h).__name__}, not a list of rows")
+    if len(h) != r:
+        bad("history", f"has {len(h)} rows for {r} rounds done")
+    if [row.get("round") for row in h] != list(range(1, r + 1)):
+        bad("history", f"rows are not rounds 1..{r}")
+    if not isinstance(ck.get("state"), dict):
+        bad("state", f"is {type(ck.get('state')).__name__}, not a mapping of tensors")
+    if not isinstance(ck.get("tracking_id", ""), str):
+        bad("tracking_id", "is not a string")
+    if not isinstance(ck.get("segments", []), list) or not all(isinstance(x, dict) for x in ck.get("segments", [])):
+        bad("segments", "is not a list of mappings")
 
 
 # ------------------------------------------------------------------------------------------- train
@@ -174,6 +212,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     cls = algorithms.get(run["method"])
     params = cls.Params(**run["params"])
     tcfg = TrainSpec.of(run["train"])
+    check_run(tcfg, run["model"], data, K=run["params"].get("K"), device=dev)   # before allocating
     fed = build_federation(data, run["model"], tcfg, run["seed"], dev, inputs)
     algo = cls(fed, params)
     run_hash = config_hash({k: run[k] for k in ("dataset", "method", "params", "model", "train", "seed")})
@@ -182,7 +221,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
                 # the CPU kernels PyTorch picked (AVX2, AVX512...): they round differently, so a CPU
                 # run repeats bitwise only on a machine with the same capability
                 "cpu": torch.backends.cpu.get_cpu_capability()}
-    ck = _load_checkpoint(ckpt_path, algo, identity, dev)
+    ck = _load_checkpoint(ckpt_path, algo, identity, dev, int(tcfg.rounds))
     here = {"device": str(dev), **identity}
     if dev.type == "cuda":                                         # which accelerator made it
         here["device_name"] = torch.cuda.get_device_name(dev)
@@ -243,10 +282,18 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
         status = "KILLED"
         raise
     finally:
+        if status != "FINISHED":            # stopped or failed while writing: no complete result
+            _remove_results(out_dir)
         tracker.end(status)
     if ckpt_path:
         ckpt_path.unlink(missing_ok=True)       # only now: a kill before this point resumes cleanly
     return result
+
+
+def _remove_results(out_dir: Path) -> None:
+    """Delete what a run wrote to ``out_dir``, ``metrics.json`` (the mark of a finished run) first."""
+    for name in reversed(RESULTS):
+        (out_dir / name).unlink(missing_ok=True)
 
 
 def _check_finite(row: dict, rnd: int) -> None:

@@ -6,12 +6,12 @@
 # element by element, so an optional flag is a list: the flag and its value, or nothing). Config values
 # (results, data_dir, experiment, ...) then reach the command as single words whatever they contain;
 # tests/test_faults.py checks every rule file for it.
+import copy
 import os
 import sys
 import time
 
 from snakemake.exceptions import WorkflowError
-
 from snakemake.utils import update_config
 
 from mcfl.config import ConfigError, name_defaults, read_configs, validate
@@ -19,11 +19,12 @@ from mcfl.data.store import FORMAT as STORE_FORMAT  # a param of the rules that 
 from mcfl.plan import Plan
 
 try:
-    # The config files are read and merged by mcfl's loader (as `mcfl check-config A B` does: an
-    # overlay's `replace:` keys, a duplicated key refused), then `--config KEY=VALUE` on top;
+    # The config files are read and merged by mcfl's loader, the one `mcfl check-config A B` uses (an
+    # overlay's `replace:` keys; duplicated keys, deep nesting, alias bombs and files over 1 MB
+    # refused), and that reading replaces Snakemake's, with `--config KEY=VALUE` on top;
     # `results`/`experiment` left out are named after the last config file.
     _merged = read_configs(workflow.configfiles)
-    update_config(_merged, workflow.config_settings.config)
+    update_config(_merged, copy.deepcopy(dict(workflow.config_settings.config or {})))
     config.clear()
     config.update(_merged)
     if workflow.configfiles:

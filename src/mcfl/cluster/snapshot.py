@@ -23,6 +23,7 @@ import torch
 from mcfl import algorithms
 from mcfl.data.store import FederatedData, load
 from mcfl.federation import build_federation
+from mcfl.io import load_tensors
 from mcfl.streams import FIGURE_CLIENTS, derive_seed
 
 
@@ -73,10 +74,13 @@ def cluster_snapshot(run: dict, store: str | Path, state_path: str | Path, *, n_
     fed = build_federation(data, run["model"], run["train"], run["seed"], device)
     params = cls.Params(**run["params"])
     algo = cls(fed, params)
-    saved = torch.load(state_path, map_location=fed.device, weights_only=True)
-    if not saved:
+    saved = load_tensors(state_path, "a run's state.pt", fed.device)
+    if not isinstance(saved, dict) or not saved:
         raise ValueError(f"{state_path}: holds no state (written for an unclustered run)")
-    state = algo.load_state(saved)
+    try:
+        state = algo.load_state(saved)
+    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ValueError(f"{state_path}: not a state of {run['method']} ({type(e).__name__}: {e})") from None
     assign = np.asarray(algo.assignments(state))
     m = fed.n_clients
     rng = np.random.default_rng(derive_seed(seed, FIGURE_CLIENTS))

@@ -23,13 +23,16 @@ file and the metadata that gives the arrays their meaning (:data:`CONTENT_KEYS`:
 ``x_scale``, ``n_classes``, client ids, domains; not provenance such as ``source`` or ``params``),
 and is what each training run logs as its data hash.
 
-Verification (:func:`verify_store`): every :func:`load` recomputes the content hash from
-``meta.json`` (so an edited ``x_scale``, ``n_classes`` or ``content_hash`` is caught at no cost)
-and checks each file's size against its header; ``load(verify=True)`` also re-hashes every array
-file (a full read: 0.73 s per GB here, page cache warm; benchmarks/verify_store.py) and scans
-float features for NaN/inf.
-``mcfl train`` loads with ``verify=True``, before it trains or resumes (a checkpoint resumes only
-on the data hash it was written with).
+Verification (:func:`verify_store`, :func:`load`): every command opens a store through
+:func:`load`, whose default ``verify=True`` re-hashes every array file (a full read: 0.73 s per GB
+here, page cache warm; benchmarks/verify_store.py), recomputes the content hash from ``meta.json``
+(so an edited ``x_scale``, ``n_classes`` or ``content_hash`` is caught), checks each file's size
+against its header, checks the metadata against the arrays themselves (counts, dtypes, byte order,
+the sample shape's rank, at most :data:`MAX_CLASSES` classes) and scans float features for
+NaN/inf, all before anything is read or written: ``partition``, ``export-leaf``, ``init-centres``,
+``select-k`` and the figures refuse a changed store as ``train`` does (``mcfl train`` verifies
+before it trains or resumes; a checkpoint resumes only on the data hash it was written with).
+``verify=False`` (the cheap check) is for a store the same process has just written.
 
 Data faults are checked once, on the concatenated arrays (:func:`check_arrays`), both when a store
 is written (``write_store``/``write_arrays``, so no source can write a bad store) and when it is
@@ -57,7 +60,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mcfl.io import atomic_path, sha256_file
+from mcfl.io import atomic_path, named, sha256_file
 
 log = logging.getLogger("mcfl")
 
@@ -67,6 +70,12 @@ CONTENT_KEYS = ("format", "n_clients", "n_classes", "n_train", "n_test", "x_shap
                 "x_scale", "client_ids", "domains")
 ARRAYS = ("x_train", "y_train", "offsets_train", "x_test", "y_test", "offsets_test", "cluster")
 OPTIONAL = ("domain_train", "domain_test")
+#: the most classes a store may have: a label of 10^9 would otherwise become a model whose output
+#: layer alone takes gigabytes (the papers' data sets have 2 to 62 classes)
+MAX_CLASSES = 100_000
+#: the dtypes a store's inputs may have (``x_dtype``), and of every other array (labels, offsets ...)
+X_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
+INDEX_DTYPE = np.dtype(np.int64)
 
 
 class StoreError(ValueError):
@@ -209,7 +218,10 @@ def write_arrays(out: str | Path, arrays: dict[str, np.ndarray], meta: dict[str,
     with atomic_path(out, is_dir=True) as tmp:
         files = {}
         for name in ARRAYS + tuple(n for n in OPTIONAL if n in arrays):
-            np.save(tmp / f"{name}.npy", arrays[name], allow_pickle=False)
+            try:
+                np.save(tmp / f"{name}.npy", arrays[name], allow_pickle=False)
+            except OSError as e:                # ENOSPC, or numpy's "N requested and M written"
+                raise named(e, out / f"{name}.npy") from e
             files[f"{name}.npy"] = sha256_file(tmp / f"{name}.npy")
         meta = dict(meta, format=FORMAT, files=files)
         meta["content_hash"] = content_hash(meta)
@@ -255,6 +267,7 @@ def check_arrays(where: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any
     m, n_classes, x_shape = len(ids), int(meta["n_classes"]), tuple(meta["x_shape"])
     if m == 0:
         raise StoreError(f"{where}: no clients")
+    _check_meta_against_arrays(where, arrays, meta)
     if len(set(ids)) != m:
         dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
         raise StoreError(f"{where}: duplicate client ids {dup}")
@@ -289,6 +302,53 @@ def check_arrays(where: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any
                     "but not trained on", where)
     if arrays["cluster"].shape != (m,):
         raise StoreError(f"{where}/cluster.npy: expected {m} entries, found {arrays['cluster'].shape}")
+    _check_counts(where, arrays, meta)
+
+
+def _check_meta_against_arrays(where: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    """What meta.json says about the arrays is what they are: counts, dtypes (little-endian or
+    native, labels and offsets int64, inputs ``x_dtype``), one dimension per index array, the
+    sample shape's rank and the number of classes within bounds. A store whose hashes were
+    recomputed after its metadata was edited is caught here, with the file and key named."""
+    mp = f"{where}/meta.json"
+    n_classes, x_shape = int(meta["n_classes"]), tuple(meta["x_shape"])
+    if n_classes > MAX_CLASSES:
+        raise StoreError(f"{mp}: n_classes {n_classes} is larger than {MAX_CLASSES}, the most a store "
+                         f"may have (a stray label?)")
+    if not 1 <= len(x_shape) <= 3:
+        raise StoreError(f"{mp}: x_shape {list(x_shape)} has {len(x_shape)} dimensions; a sample is a "
+                         f"vector (d,) or an image (channels, height, width)")
+    for name, a in arrays.items():
+        f = f"{where}/{name}.npy"
+        dt = np.asarray(a[:0]).dtype if hasattr(a, "dtype") else np.asarray(a).dtype
+        if dt.byteorder == (">" if np.little_endian else "<"):
+            raise StoreError(f"{f}: stored {'big' if dt.byteorder == '>' else 'little'}-endian "
+                             f"({dt.str}); a store holds native byte order (prepare it again)")
+        if name.startswith("x_"):
+            if dt.name not in X_DTYPES:
+                raise StoreError(f"{f}: dtype {dt.name}; inputs are one of {', '.join(X_DTYPES)}")
+            if "x_dtype" in meta and meta["x_dtype"] != dt.name:
+                raise StoreError(f"{f}: dtype {dt.name} but meta.json's x_dtype says {meta['x_dtype']!r:.40}")
+            if np.ndim(a) != 1 + len(x_shape):
+                raise StoreError(f"{f}: {np.ndim(a)}-D array; meta.json's x_shape {list(x_shape)} "
+                                 f"implies {1 + len(x_shape)}-D (samples, *x_shape)")
+        else:
+            if dt != INDEX_DTYPE:
+                what = "labels" if name.startswith("y_") else "entries"
+                raise StoreError(f"{f}: {what} of dtype {dt.name}; expected int64")
+            if np.ndim(a) != 1:
+                raise StoreError(f"{f}: {np.ndim(a)}-D array of shape {tuple(np.shape(a))}; expected "
+                                 f"one dimension")
+
+
+def _check_counts(where: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    """meta.json's ``n_clients``, ``n_train`` and ``n_test`` agree with the client ids and offsets."""
+    want = {"n_clients": len(meta["client_ids"]), "n_train": int(arrays["offsets_train"][-1]),
+            "n_test": int(arrays["offsets_test"][-1])}
+    for key, n in want.items():
+        if key in meta and (type(meta[key]) is not int or meta[key] != n):
+            src = "client_ids" if key == "n_clients" else f"offsets_{key[2:]}.npy"
+            raise StoreError(f"{where}/meta.json: {key} is {meta[key]!r:.40} but {src} says {n}")
 
 
 def warn_untested(where, client_ids, n_test) -> None:
@@ -301,8 +361,11 @@ def warn_untested(where, client_ids, n_test) -> None:
 
 
 # ------------------------------------------------------------------------------------------ loading
-def load(path: str | Path, *, verify: bool = False, mmap: bool = True) -> FederatedData:
-    """Open a store after :func:`verify_store` (``verify=True``: the full check, with file hashes)."""
+def load(path: str | Path, *, verify: bool = True, mmap: bool = True) -> FederatedData:
+    """Open a store after :func:`verify_store`: the one way every command opens a store. The
+    default ``verify=True`` is the full check (every file's sha256, metadata against the arrays,
+    NaN/inf features), made before anything is read or written from the store; ``verify=False``
+    (the cheap check: meta.json and file sizes) is for a store this process has just written."""
     path = Path(path)
     meta = verify_store(path, full=verify)
     arrays = {}

@@ -45,7 +45,7 @@ import numpy as np
 from annotated_types import Ge
 
 from mcfl.data.leaf import DataSourceError
-from mcfl.data.store import ClientData, load, write_store
+from mcfl.data.store import MAX_CLASSES, ClientData, StoreError, load, write_store
 from mcfl.io import atomic_path
 
 USERS_PER_FILE = 100
@@ -68,6 +68,10 @@ def _read_doc(f: Path) -> dict:
         raise DataSourceError(f"{f}: not a readable gzip file ({e})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataSourceError(f"{f}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise DataSourceError(f"{f}: not valid LEAF JSON (nested too deeply)") from None
+    except ValueError as e:                     # an integer of more than 4300 digits, ...
+        raise DataSourceError(f"{f}: not valid LEAF JSON ({' '.join(str(e).split())[:160]})") from None
     if not isinstance(data, dict):
         raise DataSourceError(f"{f}: top level must be an object with 'users' and 'user_data'")
     for key in ("users", "user_data"):
@@ -142,7 +146,10 @@ def _numeric(values: list, where: str, what: str) -> np.ndarray:
     flat = values if what == "y" else [v for row in values for v in (row if isinstance(row, list) else [row])]
     for v in flat:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise DataSourceError(f"{where}: {what} has a non-numeric value {v!r}")
+            raise DataSourceError(f"{where}: {what} has a non-numeric value {v!r:.60}")
+    big = next((v for v in flat if isinstance(v, int) and abs(v) > 2**53), None)
+    if big is not None and bad == "non-numeric":
+        raise DataSourceError(f"{where}: {what} has a value too large to store ({str(big)[:30]}...)")
     raise DataSourceError(f"{where}: {what} is {bad}")
 
 
@@ -150,7 +157,21 @@ def _labels(y: list, where: str) -> np.ndarray:
     a = _numeric(y, where, "y")
     if a.ndim != 1 or not np.all(np.isfinite(a)) or np.any(a != np.round(a)) or np.any(a < 0):
         raise DataSourceError(f"{where}: y must be non-negative integers")
+    if len(a) and a.max() >= MAX_CLASSES:
+        raise DataSourceError(f"{where}: y has the label {int(a.max())}; labels must be below "
+                              f"{MAX_CLASSES} (the most classes a store may have)")
     return a.astype(np.int64)
+
+
+def _check_options(n_classes, x_shape) -> None:
+    """The flags, before any file is read: ``--n-classes`` within the store's bound, ``--x-shape``
+    positive sizes of a vector or an image."""
+    if n_classes is not None and (type(n_classes) is not int or not 1 <= n_classes <= MAX_CLASSES):
+        raise DataSourceError(f"n_classes (--n-classes): {n_classes!r:.40} is not allowed; give a "
+                              f"number of classes from 1 to {MAX_CLASSES}")
+    if any(type(v) is not int or v < 1 for v in x_shape) or len(x_shape) > 3:
+        raise DataSourceError(f"x_shape (--x-shape): {list(x_shape)!r:.60} is not allowed; give one "
+                              f"sample's shape as 1 to 3 positive sizes (e.g. 1 28 28)")
 
 
 def make_leaf_json(out: str | Path, *, dir: str, images: str | None = None,
@@ -162,12 +183,28 @@ def make_leaf_json(out: str | Path, *, dir: str, images: str | None = None,
     ``n_classes``: default the largest label + 1; ``x_shape``: the shape of one sample, needed only
     for pixel data of a size LEAF does not make (see the module docstring)."""
     src = Path(dir)
+    x_shape = tuple(int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v
+                    for v in x_shape)             # the command line's --x-shape gives strings
+    _check_options(n_classes, x_shape)
+    try:
+        return _make_leaf_json(out, src, images, n_classes, x_shape, workers)
+    except (DataSourceError, StoreError, OSError):
+        raise
+    except (ValueError, TypeError, OverflowError, IndexError, KeyError, RecursionError) as e:
+        raise DataSourceError(f"{src}: malformed LEAF data ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:160]})") from None
+
+
+def _make_leaf_json(out, src: Path, images, n_classes, x_shape, workers) -> Path:
     train, test = read_leaf_split(src / "train"), read_leaf_split(src / "test")
     extra = sorted(set(test) - set(train))
     if extra:
         raise DataSourceError(f"{test[extra[0]][2]}: user {extra[0]!r} has test data but no "
                               f"training data (a store needs LEAF's -t sample split)")
     ids = sorted(train)
+    if not any(len(y) for _, y, _ in test.values()):
+        raise DataSourceError(f"{src / 'test'}: no user has test samples; a store needs test data "
+                              f"(LEAF's -t sample split)")
     filenames = any(isinstance(v, str) for x, _, _ in train.values() for v in x[:1])
     if filenames:
         return _import_images(src, out, ids, train, test, images, n_classes, workers)
@@ -179,6 +216,8 @@ def make_leaf_json(out: str | Path, *, dir: str, images: str | None = None,
             xa = _numeric(x, where, "x") if x else None
             if xa is not None and (xa.ndim != 2 or xa.shape[1] != (dim or xa.shape[1])):
                 raise DataSourceError(f"{where}: x must hold vectors of {dim or 'equal'} numbers")
+            if xa is not None and xa.shape[1] == 0:
+                raise DataSourceError(f"{where}: x holds samples of no values")
             dim = dim or (xa.shape[1] if xa is not None else None)
             parts[split, u] = (_compact(xa), _labels(y, where))
     exact = all(x is None or x.dtype == np.uint8 for x, _ in parts.values())
