@@ -21,7 +21,8 @@ import numpy as np
 
 
 def fake_store(out: Path, samples: int, clients: int) -> Path:
-    from mcfl.data.store import FORMAT, write_arrays
+    from mcfl.data.store import FORMAT
+    from mcfl.data.write import write_arrays
 
     rng = np.random.default_rng(0)
     sizes = rng.lognormal(0, 0.6, clients)

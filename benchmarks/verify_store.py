@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mcfl.data.store import load, verify_store, write_arrays
+from mcfl.data.store import load, verify_store
+from mcfl.data.write import write_arrays
 
 
 def main(gb: float = 1.0, where: str | None = None) -> None:

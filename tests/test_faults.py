@@ -28,7 +28,8 @@ from conftest import ROOT, interrupt_round, make_run, small_params
 from mcfl import algorithms, cli
 from mcfl.config import ConfigError, expand_runs, validate
 from mcfl.data import ClientData, StoreError, load, write_store
-from mcfl.data.store import content_hash, write_arrays
+from mcfl.data.store import content_hash
+from mcfl.data.write import write_arrays
 from mcfl.engine import DivergenceError, Task
 from mcfl.federation import build_federation
 from mcfl.io import sha256_file
@@ -996,7 +997,7 @@ def test_concurrent_mcfl_track_records_each_run_once(digits_store, tmp_path, cli
 
 
 def test_mcfl_track_redoes_a_run_a_killed_track_left_half_recorded(digits_store, tmp_path, mlflow_uri, caplog):
-    from mcfl.track import RECORD_TAG, record_finished
+    from mcfl.record import RECORD_TAG, record_finished
 
     (d,) = _finished_run_dirs(digits_store, tmp_path, 1)
     ((_, first),) = record_finished([d], "trk")
@@ -1100,7 +1101,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_replaced_by_its_rerun(digit
 
 
 def test_mcfl_track_skips_a_run_tracked_live(digits_store, tmp_path, mlflow_uri):
-    from mcfl.track import record_finished
+    from mcfl.record import record_finished
 
     train(make_run(rounds=2), digits_store, tmp_path / "run", tracker=MLflowTracker("live"), progress=False)
     _, (live,) = mlflow_runs(mlflow_uri, "live")

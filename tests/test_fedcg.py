@@ -396,7 +396,8 @@ def conflict_store(tmp_path_factory):
     image tells the domains apart. One shared model can be right on at most about half of them."""
     from sklearn.datasets import load_digits
 
-    from mcfl.data.store import ClientData, write_store
+    from mcfl.data.store import ClientData
+    from mcfl.data.write import write_store
 
     d = load_digits()
     keep = d.target < 4

@@ -109,7 +109,7 @@ def test_plain_values_are_checked_as_pydantic_would():
     """config's shortcut past pydantic for exact plain types agrees with pydantic's strict check."""
     from pydantic import TypeAdapter, ValidationError
 
-    from mcfl.config import _plainly_fits
+    from mcfl.config.validate import _plainly_fits
 
     for hint in (int, float, str, bool, int | None, float | None, str | None):
         for value in (0, 3, -1, 0.5, 1.0, "x", "", True, False, None, [1], {"a": 1}):

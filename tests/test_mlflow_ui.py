@@ -1,5 +1,5 @@
 """The MLflow UI as a researcher first meets it: a real `mlflow ui` on a sqlite store holding runs that
-mcfl recorded, opened in headless Chromium at the URL the DAG prints (mcfl.track.ui_hint). The first
+mcfl recorded, opened in headless Chromium at the URL the DAG prints (mcfl.record.ui_hint). The first
 screen must be the runs table with every run's name, its settings and a final metric value; no click,
 expand or column pick before that.
 
@@ -80,7 +80,7 @@ def chromium(url: str, profile: Path, *args: str, timeout: float = 240, size: st
 
 
 def screenshot(db: Path, experiment_id: str, out: Path, tmp: Path) -> None:
-    from mcfl.track import runs_link
+    from mcfl.record import runs_link
 
     with UI(db, tmp / "ui.log") as ui:
         chromium(runs_link(ui.url, experiment_id), tmp / "profile", f"--screenshot={out}", size="2000,560")
@@ -91,7 +91,7 @@ def recorded(digits_store, tmp_path_factory):
     """Three tiny runs (FedAvg seeds 0 and 1, FeSEM(2) seed 0) trained, then recorded by
     `mcfl track`'s function into a fresh sqlite store, as the DAG's `track` job does."""
     from mcfl.runner import train
-    from mcfl.track import init_sweep, record_finished
+    from mcfl.record import init_sweep, record_finished
 
     tmp = tmp_path_factory.mktemp("ui")
     runs = [make_run(method="FedAvg", rounds=2, clients_per_round=4, seed=0),
@@ -115,7 +115,7 @@ def recorded(digits_store, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH (apt-get install chromium)")
 def test_the_printed_url_opens_on_the_runs_with_names_settings_and_metrics(recorded):
-    from mcfl.track import ui_hint
+    from mcfl.record import ui_hint
 
     tmp, exp, finals = recorded
     hint = ui_hint(exp, f"sqlite:///{tmp / 'mlflow.db'}", cwd=tmp)
@@ -139,7 +139,8 @@ def test_the_printed_url_opens_on_the_runs_with_names_settings_and_metrics(recor
 
 
 def test_ui_hint_names_the_store_and_the_runs_url(tmp_path):
-    from mcfl.track import VIEW_KEY, ui_hint
+    from mcfl.track import VIEW_KEY
+    from mcfl.record import ui_hint
 
     assert ui_hint("7", f"sqlite:///{tmp_path / 'mlflow.db'}", cwd=tmp_path) == (
         "mlflow ui --backend-store-uri sqlite:///mlflow.db  ->  http://127.0.0.1:5000/#/experiments/7/runs"

@@ -230,7 +230,7 @@ def test_cancelled_job_resumed_from_its_checkpoint(sweep):
 def test_mlflow_server_holds_each_run_once(sweep, server):
     from mlflow import MlflowClient
 
-    from mcfl.track import runs_link
+    from mcfl.record import runs_link
 
     client = MlflowClient(server.uri)
     exp = client.get_experiment_by_name("mcfl-slurm-test")
@@ -257,7 +257,7 @@ def test_mlflow_ui_shows_the_runs_and_compares_two(sweep, server, tmp_path):
     """The server's runs table at the printed link, in headless Chromium (tests/test_mlflow_ui.py)."""
     from test_mlflow_ui import CHROMIUM, chromium
 
-    from mcfl.track import runs_link
+    from mcfl.record import runs_link
 
     if not CHROMIUM:
         pytest.skip("no Chromium (apt-get install chromium)")

@@ -8,7 +8,8 @@ import torch
 from conftest import make_run
 from mcfl.runner import train
 from mcfl.timing import COLUMNS as TIME_COLUMNS
-from mcfl.track import MLflowTracker, record_finished
+from mcfl.track import MLflowTracker
+from mcfl.record import record_finished
 from test_faults import migrated_db, mlflow_uri  # noqa: F401 - fixtures
 from test_workflow import job_counts, snakemake, write_config
 

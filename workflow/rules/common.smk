@@ -59,7 +59,7 @@ wildcard_constraints:
 # MLflow: create the store and the experiment (with the runs table's view) before any job starts;
 # every run is tagged with this invocation (`sweep`: config file and start time). A store that
 # cannot be used stops here with one line. The last line of a successful invocation says what to
-# open (mcfl.track.ui_hint).
+# open (mcfl.record.ui_hint).
 MLFLOW = {}
 
 
@@ -73,7 +73,8 @@ onstart:
     except Exception as e:  # noqa: BLE001 - an estimate never stops the workflow
         print(f"(no cost estimate: {e})")
     if config["tracking"]:
-        from mcfl.track import SWEEP_ENV, UNREACHABLE_ENV, TrackingError, init_sweep
+        from mcfl.track import SWEEP_ENV, UNREACHABLE_ENV, TrackingError
+        from mcfl.record import init_sweep
 
         _names = [os.path.basename(str(f)) for f in workflow.configfiles]
         os.environ[SWEEP_ENV] = " + ".join(_names or ["snakemake"]) + time.strftime(" %Y-%m-%d %H:%M:%S")
@@ -89,7 +90,7 @@ onstart:
 
 onsuccess:
     if MLFLOW:
-        from mcfl.track import ui_hint
+        from mcfl.record import ui_hint
         import atexit
 
         # at exit: after Snakemake's own last line ("Complete log(s): ...")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mcfl.data.store import write_arrays
+from mcfl.data.write import write_arrays
 from mcfl.io import atomic_path, write_text
 
 

@@ -7,7 +7,8 @@
 >>> x, y = d.train(0)          # float32 inputs (scaled), int64 labels of client 0
 """
 
-from mcfl.data.store import ClientData, FederatedData, StoreError, load, write_store
+from mcfl.data.store import ClientData, FederatedData, StoreError, load
+from mcfl.data.write import write_store
 
 __all__ = ["ClientData", "FederatedData", "StoreError", "load", "write_store", "SOURCES", "prepare",
            "source_fn"]

@@ -18,7 +18,8 @@ import numpy as np
 from annotated_types import Ge, Gt, Interval, Lt
 
 from mcfl.data.partition import classes_partition, dirichlet_partition, split_train_test
-from mcfl.data.store import ClientData, write_store
+from mcfl.data.store import ClientData
+from mcfl.data.write import write_store
 
 
 def make_digits(out: str | Path, *, clients: Annotated[int, Ge(1)] = 100,

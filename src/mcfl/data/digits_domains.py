@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from mcfl.data.partition import split_train_test
-from mcfl.data.store import ClientData, write_store
+from mcfl.data.store import ClientData
+from mcfl.data.write import write_store
 
 
 def transform_images(x: np.ndarray, angle: float, inverted: bool = False) -> np.ndarray:

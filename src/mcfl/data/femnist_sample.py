@@ -35,7 +35,8 @@ from typing import Literal
 
 import numpy as np
 
-from mcfl.data.store import ClientData, write_store
+from mcfl.data.store import ClientData
+from mcfl.data.write import write_store
 
 EMBEDDED = Path(__file__).parent / "embedded"
 N_CLASSES = 62

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from mcfl.data.partition import classes_partition, dirichlet_partition, split_train_test
-from mcfl.data.store import FORMAT, load, write_arrays
+from mcfl.data.store import FORMAT, load
+from mcfl.data.write import write_arrays
 
 SCHEMES = ("natural", "iid", "dirichlet", "classes")
 #: which parameters matter for which scheme (the rest are ignored and left out of labels and meta)

@@ -23,7 +23,8 @@ import numpy as np
 from annotated_types import Ge, Gt, Lt
 
 from mcfl.data.partition import split_train_test
-from mcfl.data.store import ClientData, write_store
+from mcfl.data.store import ClientData
+from mcfl.data.write import write_store
 
 
 def leaf_synthetic_tasks(n_tasks: int, n_classes: int, dim: int, clusters: int, seed: int):

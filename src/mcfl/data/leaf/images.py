@@ -23,7 +23,8 @@ from PIL import Image
 
 from mcfl.data.leaf import DataSourceError
 from mcfl.data.leaf.archive import Archive
-from mcfl.data.store import FORMAT, write_arrays
+from mcfl.data.store import FORMAT
+from mcfl.data.write import write_arrays
 
 log = logging.getLogger("mcfl")
 CHUNK = 256

@@ -45,7 +45,8 @@ import numpy as np
 from annotated_types import Ge
 
 from mcfl.data.leaf import DataSourceError
-from mcfl.data.store import MAX_CLASSES, ClientData, StoreError, load, write_store
+from mcfl.data.store import MAX_CLASSES, ClientData, StoreError, load
+from mcfl.data.write import write_store
 from mcfl.io import atomic_path
 
 USERS_PER_FILE = 100

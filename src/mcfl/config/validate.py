@@ -1,21 +1,14 @@
-"""Configuration: one loader and validator for the CLI, the Snakefile and the Python API.
-
-``load_config(path)`` reads YAML, fills defaults from the JSON schema
-(``mcfl/schema/config.schema.yaml``), validates it, then checks what a schema cannot: each method
-entry against its algorithm's ``Params`` dataclass, each data ``prepare`` block against its source
-function's signature, each ``model`` block against its builder's, and K against the number of
-clients. Every error is a :class:`ConfigError` naming the key (``methods[2].K``,
-``datasets.digits.train.lr``) and, where there is a list, the allowed values. Nothing is run before
-the whole config passes.
+"""Validating a config, and the runs it makes (:func:`expand_runs`: one plain dict per dataset,
+method entry, K and seed, which fully determines a training job: its Snakemake ``params`` value and
+its MLflow params). Validation: defaults from the JSON schema (``mcfl/schema/config.schema.yaml``), then
+what a schema cannot check: each method entry against its algorithm's ``Params``, each data
+``prepare`` block against its source function's signature, each ``model`` block against its
+builder's, K against the number of clients. Every error is a :class:`ConfigError` naming the key.
 
 Values of source, model and method parameters are checked against the function's or ``Params``'
 type annotations with pydantic (strict: no string-to-number coercion), including ``Literal``
 choices and ``Annotated`` bounds (``Annotated[int, Ge(1)]``, from ``annotated_types``); a parameter
 without an annotation must have the type of its default.
-
-``expand_runs(cfg)`` turns the config into the list of runs, one per (dataset, method entry, K,
-seed); each run is a plain dict that fully determines the training job (it is the job's Snakemake
-``params`` value and its MLflow params).
 """
 
 from __future__ import annotations
@@ -30,13 +23,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
+from mcfl.config.files import MAX_DEPTH, MAX_RUNS, ConfigError, _path
 
-SCHEMA_PATH = Path(__file__).parent / "schema" / "config.schema.yaml"
-
-
-class ConfigError(ValueError):
-    pass
+SCHEMA_PATH = Path(__file__).parents[1] / "schema" / "config.schema.yaml"
 
 
 #: top-level config blocks that belong to one paper: key -> "module:function(cfg, source)", run
@@ -70,99 +59,6 @@ def _check_numbers(node: Any, parts: list) -> None:
         raise ConfigError(f"{_path(parts)}: {node} is not allowed: larger than {SIZE_LIMIT:.0e}")
 
 
-#: a config file larger than this is refused before it is parsed (the shipped ones are < 20 kB)
-MAX_BYTES = 1 << 20
-#: mappings and lists nested deeper than this are refused while parsing (configs use about 6)
-MAX_DEPTH = 32
-#: the most training runs one config may make (datasets x method entries x K x seeds)
-MAX_RUNS = 100_000
-#: the most nodes (values, lists, mappings) a config may stand for once its aliases are expanded
-MAX_NODES = 100_000
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """safe_load that rejects a key given twice in one mapping (PyYAML keeps the last silently),
-    nesting deeper than :data:`MAX_DEPTH` (Python's recursion limit would end it in a
-    RecursionError) and a document that, its aliases (``*name``) expanded, holds more than
-    :data:`MAX_NODES` nodes: a few hundred bytes of nested aliases can stand for 10^9 nodes, which
-    every walk over the config (validation, planning) would visit."""
-
-    def __init__(self, stream):
-        super().__init__(stream)
-        self._depth = 0
-        self._sizes: dict[int, int] = {}          # id(node) -> nodes it stands for, expanded
-
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        line = event.start_mark.line + 1
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise ConfigError(f"line {line}: nested more than {MAX_DEPTH} levels deep")
-            node = super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-        if id(node) not in self._sizes:           # an alias's node is counted where it was defined
-            kids = (node.value if isinstance(node, yaml.SequenceNode) else
-                    [n for kv in node.value for n in kv] if isinstance(node, yaml.MappingNode) else [])
-            self._sizes[id(node)] = 1 + sum(self._sizes.get(id(k), 1) for k in kids)
-        size = self._sizes[id(node)]
-        if size > MAX_NODES:
-            raise ConfigError(f"line {line}: the config stands for more than {MAX_NODES} values "
-                              f"once its YAML aliases (*name) are expanded")
-        return node
-
-    def compose_document(self):
-        node = super().compose_document()
-        self._sizes.clear()
-        return node
-
-
-def _no_duplicates(loader, node, deep=False):
-    seen: dict = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        line = key_node.start_mark.line + 1
-        try:
-            if key in seen:
-                raise ConfigError(f"line {line}: duplicate key {key!r} (first given on line {seen[key]})")
-        except TypeError:                       # an unhashable key: PyYAML reports it itself
-            continue
-        seen[key] = line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
-def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML config file; every failure is a one-line ConfigError naming the file. Files
-    over :data:`MAX_BYTES`, nesting over :data:`MAX_DEPTH` and more than :data:`MAX_NODES` values
-    (aliases expanded) are refused, so no config can make the loader (or what walks its result)
-    hang or recurse without bound."""
-    path = Path(path)
-    try:
-        if path.is_file() and path.stat().st_size > MAX_BYTES:
-            raise ConfigError(f"{path}: {path.stat().st_size} bytes; a config file may hold at "
-                              f"most {MAX_BYTES} bytes")
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, not a config file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply") from None
-    except ConfigError as e:
-        msg = str(e)
-        raise ConfigError(msg if msg.startswith(f"{path}: ") else f"{path}: {msg}") from None
-
-
 def _schema() -> dict:
     from mcfl import algorithms, models
     from mcfl.data import SOURCES
@@ -175,13 +71,6 @@ def _schema() -> dict:
     ds["prepare"]["properties"]["source"]["enum"] = sorted(SOURCES)
     ds["model"]["properties"]["name"]["enum"] = sorted(models.MODELS)
     return schema
-
-
-def _path(parts) -> str:
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(top level)"
 
 
 def _fill_defaults(node: Any, schema: dict, root: dict) -> None:
@@ -443,134 +332,6 @@ def n_clients(ds: dict) -> int | None:
 
 
 #: the keys of a run (``expand_runs``) that training reads, and of a centre spec (``centre_spec``)
-RUN_KEYS = ("dataset", "method", "label", "run_id", "seed", "params", "model", "train")
-SPEC_KEYS = ("dataset", "seed", "model", "train", "K")
-
-
-def parse_run(text: str, *, flag: str = "--run", spec_ok: bool = False) -> dict:
-    """A run's (or, with ``spec_ok``, a centre spec's) JSON text from the command line, checked:
-    JSON, the keys training reads, every number finite, a run's ``train`` against the schema and
-    its ``params`` against the method. Errors are one-line ConfigErrors naming ``flag`` and the key."""
-    import json
-
-    import jsonschema
-    from jsonschema.exceptions import best_match
-
-    from mcfl import algorithms
-
-    try:
-        run = json.loads(text)
-    except json.JSONDecodeError as e:
-        hint = " (that is a file name)" if Path(text).exists() else ""
-        raise ConfigError(f"{flag}: not JSON text{hint} ({e}); pass the run's JSON itself, as "
-                          f"`mcfl check-config` and the workflow make it") from None
-    keys = SPEC_KEYS if spec_ok and isinstance(run, dict) and "params" not in run else RUN_KEYS
-    missing = [k for k in keys if not isinstance(run, dict) or k not in run]
-    if missing:
-        raise ConfigError(f"{flag}: missing keys {', '.join(missing)}; pass a run's JSON as "
-                          f"`mcfl.config.expand_runs` makes it")
-    try:
-        _check_numbers(run, [])
-        for key in ("train", "model") + (("params",) if keys is RUN_KEYS else ()):
-            if not isinstance(run[key], dict):
-                raise ConfigError(f"{key}: must be an object, found {run[key]!r:.40}")
-        train_schema = {"$ref": "#/$defs/train", "$defs": _schema()["$defs"]}     # its $refs resolve
-        errors = list(jsonschema.Draft202012Validator(train_schema).iter_errors(run["train"]))
-        if errors:
-            e = best_match(errors)
-            raise ConfigError(f"{_path(['train', *e.absolute_path])}: {e.message}")
-        if keys is RUN_KEYS and "rounds" not in run["train"]:
-            raise ConfigError("train.rounds: missing")
-        if keys is RUN_KEYS and run["params"].get("K") != "auto":
-            if run["method"] not in algorithms.ALGORITHMS:
-                raise ConfigError(f"method: unknown method {run['method']!r}; known: "
-                                  f"{', '.join(sorted(algorithms.ALGORITHMS))}")
-            entry = {"method": run["method"], **{k: v for k, v in run["params"].items() if k != "K"}}
-            method_params(entry, "params", run["params"].get("K"))
-    except ConfigError as e:
-        raise ConfigError(f"{flag}: {e}") from None
-    return run
-
-
-#: the default config's file name (``config/config.yaml``): it keeps the schema's ``results`` and
-#: ``experiment`` defaults instead of names derived from the file name
-DEFAULT_CONFIG_STEM = "config"
-
-
-def name_defaults(cfg: Any, path: str | Path) -> Any:
-    """Fill the ``results`` and ``experiment`` a config file leaves out from its file name, so that
-    two configs never write into one results folder or MLflow experiment: ``my-leaf.yaml`` ->
-    ``results: results-my-leaf``, ``experiment: my-leaf``. A file named ``config.yaml`` (the
-    default config's name) keeps the schema's defaults, ``results`` and ``mcfl``. Characters
-    other than letters, digits, ``.``, ``_`` and ``-`` become ``_``."""
-    import re
-
-    stem = re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem) or "config"
-    if isinstance(cfg, dict) and stem != DEFAULT_CONFIG_STEM:
-        cfg.setdefault("results", f"results-{stem}")
-        cfg.setdefault("experiment", stem)
-    return cfg
-
-
-def merge(base: dict, overlay: dict, where: str = "overlay") -> dict:
-    """``overlay`` merged into ``base`` (in place; returned) as Snakemake merges ``--configfile a b``:
-    a mapping merges key by key, any other value (a list included) replaces the base's. An overlay
-    may list, under a top-level ``replace:``, dotted keys whose base value is replaced whole by the
-    overlay's instead of merged with it, or dropped where the overlay does not set the key
-    (``replace: [publish]`` without a ``publish:`` block: the merged config publishes nothing)."""
-    overlay = dict(overlay)
-    replace = overlay.pop("replace", [])
-    if not (isinstance(replace, list) and all(isinstance(k, str) and k for k in replace)):
-        raise ConfigError(f"{where}: replace: must be a list of dotted keys (e.g. [publish, datasets])")
-    for key in replace:
-        *parents, last = key.split(".")
-        node = base
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or last not in node:
-            raise ConfigError(f"{where}: replace: {key!r} is not a key of the config it overlays")
-        del node[last]
-    _merge(base, overlay)
-    return base
-
-
-def _merge(base: dict, overlay: dict) -> None:
-    for k, v in overlay.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _merge(base[k], v)
-        else:
-            base[k] = copy.deepcopy(v)
-
-
-def read_configs(paths) -> dict:
-    """The config files ``paths`` read and merged in order (:func:`merge`), not yet validated."""
-    paths = [Path(p) for p in paths]
-    if not paths:
-        raise ConfigError("no config file given")
-    cfg: dict = {}
-    for i, path in enumerate(paths):
-        doc = read_yaml(path)
-        if doc is None:
-            doc = {}
-        if not isinstance(doc, dict):
-            raise ConfigError(f"{path}: a config file is a mapping of keys (datasets:, methods:, ...), "
-                              f"not a {type(doc).__name__}")
-        if i == 0 and "replace" in doc:
-            raise ConfigError(f"{path}: replace: belongs in an overlay (a config file given after the first)")
-        merge(cfg, doc, str(path))
-    return cfg
-
-
-def load_config(*paths: str | Path) -> dict:
-    """Read and merge in order (a base config, then overlays), complete (:func:`name_defaults`: from
-    the last file's name; the schema's defaults) and validate config files."""
-    source = " + ".join(map(str, paths))
-    cfg = name_defaults(read_configs(paths), paths[-1])
-    try:
-        return validate(cfg, source)
-    except ConfigError as e:
-        msg = str(e)
-        raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
 
 
 def expand_runs(cfg: dict) -> list[dict[str, Any]]:

@@ -1,4 +1,15 @@
-"""The mcfl console script. Snakemake rules call these subcommands; so can you.
+"""The ``mcfl`` command line: its parser (every sub-command's options and help)."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+
+from mcfl.data.leaf import cli as leaf_cli
+
+#: the parser's description: what ``mcfl --help`` shows above the sub-commands
+USAGE = """The mcfl console script. Snakemake rules call these subcommands; so can you.
 The subcommands (each has its own --help):
 
     mcfl prepare digits --out data/digits --clients 100 --alpha 0.5
@@ -17,20 +28,6 @@ The subcommands (each has its own --help):
     mcfl report-fedcg --out results/fedcg RUN_DIR [RUN_DIR ...]   # FedCG's Tables 3-5
 """
 
-from __future__ import annotations
-
-import argparse
-import dataclasses
-import inspect
-import json
-import logging
-import os
-import signal
-import sys
-import textwrap
-from pathlib import Path
-
-from mcfl.data.leaf import cli as leaf_cli
 
 #: the sub-commands whose options take imports to build (data sources, report modules), with their
 #: help: ``build_parser(commands)`` lists those not in ``commands`` with the help alone
@@ -38,6 +35,14 @@ HEAVY = {"prepare": "prepare a dataset into a store",
          "partition": "re-partition a store's samples into new clients",
          "download": leaf_cli.DOWNLOAD_HELP,
          "fedgsp": "FedGSP tables and figures (CPD, Table 1, heatmaps, kappa)"}
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; all cores where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # not on Linux
+        return os.cpu_count() or 1
 
 
 def _add_source_parsers(sub) -> None:
@@ -87,34 +92,12 @@ def _first_sentence(text: str) -> str:
     return text
 
 
-def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask; all cores where there is none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:          # not on Linux
-        return os.cpu_count() or 1
-
-
 def _optional_type(fn, name: str) -> type:
     """The type of a parameter that defaults to None, from its annotation (``int | None`` -> int)."""
     import typing
 
     hint = typing.get_type_hints(fn).get(name)
     return next((t for t in typing.get_args(hint) if t in (int, float)), str)
-
-
-def _cmd_prepare(a) -> int:
-    from mcfl.data import prepare
-
-    params = {k: v for k, v in vars(a).items() if k not in ("cmd", "source", "out", "verbose")
-              and v is not None}
-    out = prepare(a.source, a.out, **params)
-    from mcfl.data import load
-
-    d = load(out)
-    print(f"{out}: {d.n_clients} clients, {d.meta['n_train']} train / {d.meta['n_test']} test samples, "
-          f"{d.n_classes} classes, content hash {d.content_hash[:12]}")
-    return 0
 
 
 def _add_partition_parser(sub) -> None:
@@ -145,207 +128,6 @@ def _add_partition_parser(sub) -> None:
                    help="seed of the dealing and the split (default: %(default)s)")
 
 
-def _cmd_partition(a) -> int:
-    from mcfl.data import load
-    from mcfl.data.repartition import partition_store
-
-    out = partition_store(a.store, a.out, scheme=a.scheme, clients=a.clients, alpha=a.alpha,
-                          classes_per_client=a.classes_per_client, min_samples=a.min_samples,
-                          sizes=a.sizes, split=a.split, test_fraction=a.test_fraction, seed=a.seed)
-    d = load(out)
-    print(f"{out}: {d.meta['partition']['label']}, {d.n_clients} clients, {d.meta['n_train']} train / "
-          f"{d.meta['n_test']} test samples, content hash {d.content_hash[:12]}")
-    return 0
-
-
-def _cmd_check_config(a) -> int:
-    from mcfl.config import expand_runs, load_config
-
-    cfg = load_config(*a.config)
-    runs = expand_runs(cfg)
-    print(f"{' + '.join(a.config)}: OK, {len(runs)} training runs")
-    for r in runs:
-        print(f"  {r['dataset']:<12} {r['label']:<14} seed {r['seed']}")
-    if a.estimate:
-        from mcfl.cost import estimate
-
-        print(estimate(cfg).summary(cores=available_cores()))
-    return 0
-
-
-def _cmd_methods(a) -> int:
-    from mcfl import algorithms
-
-    for name, cls in sorted(algorithms.ALGORITHMS.items()):
-        fields = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params))
-        doc = _first_sentence(_plain((inspect.getdoc(inspect.getmodule(cls)) or "").split("\n\n")[0]))
-        text = textwrap.fill(doc, 100, initial_indent=" " * 13, subsequent_indent=" " * 13)
-        print(f"{name:<12} {fields or '(no hyperparameters)'}\n{text}")
-    return 0
-
-
-def _federation_for(run: dict, store: str, device: str, threads: int, inputs=None):
-    from mcfl.data import load
-    from mcfl.federation import build_federation, resolve_device
-    from mcfl.runner import configure_torch
-
-    from mcfl.bounds import check_run
-
-    dev = resolve_device(device)
-    configure_torch(dev, threads)
-    data = load(store)                      # verified in full before anything is written
-    check_run(run["train"], run["model"], data, K=run.get("K"), device=dev)
-    return build_federation(data, run["model"], run["train"], run["seed"], dev, inputs)
-
-
-def _cmd_init_centres(a) -> int:
-    """Initial centres from a :func:`mcfl.cluster.spec.centre_spec` (or a whole run's JSON)."""
-    from mcfl.cluster.init import init_centres, save_centres
-    from mcfl.cluster.spec import centre_spec
-
-    from mcfl.config import parse_run
-
-    spec = parse_run(a.run, spec_ok=True)
-    if "params" in spec:                                  # a run: its centre spec
-        spec = centre_spec(spec)
-    if spec["K"] == "auto":
-        if not a.k_from:
-            raise ValueError("K is 'auto'; pass --k-from with the select-k result")
-        from mcfl.cluster.select_k import read_k
-
-        spec["K"] = read_k(a.k_from)
-    fed = _federation_for(spec, a.store, a.device, a.threads)
-    K = int(spec["K"])
-    c = init_centres(fed, K, progress=not a.no_progress,
-                     **{k: spec[k] for k in ("restarts", "distance", "weighted", "method", "projection")})
-    save_centres(c, a.out)
-    sizes = [int((c.assign == k).sum()) for k in range(K)]
-    print(f"{a.out}: K={K}, cluster sizes {sizes}, intra-cluster distance {c.inertia:.4g}")
-    return 0
-
-
-def _per_run(a) -> list[dict]:
-    """``mcfl train``'s options run by run: every repeated option is given once per ``--run`` (or,
-    for the optional ones, not at all)."""
-    n = len(a.run)
-    per = {"run": a.run, "out": a.out, "centres": a.centres, "checkpoint": a.checkpoint,
-           "k_from": a.k_from}
-    for name, values in per.items():
-        if values is not None and len(values) != n:
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{n} --run given but {len(values)} {flag}: give {flag} once per --run"
-                             + ("" if name in ("run", "out") else " or not at all"))
-    outs = [os.path.abspath(o) for o in a.out]
-    if len(set(outs)) != n:
-        raise ValueError(f"--out repeated: each run needs its own directory ({', '.join(a.out)})")
-    return [{k: (v[i] if v is not None else None) for k, v in per.items()} for i in range(n)]
-
-
-def _cmd_train(a) -> int:
-    from mcfl.runner import train
-    from mcfl.track import make_tracker
-
-    from mcfl.config import parse_run
-
-    jobs = _per_run(a)
-    runs = [parse_run(j["run"]) for j in jobs]     # every --run checked before any trains
-    for j, run in zip(jobs, runs):
-        if run["params"].get("K") == "auto":               # checked again with the K chosen
-            run = parse_run(json.dumps(_resolve_k(run, j["k_from"])))
-        tracker = make_tracker(a.tracking, run.get("experiment", "mcfl"))
-        inputs = {"centres": j["centres"]} if j["centres"] else None
-        res = train(run, a.store, j["out"], inputs=inputs, tracker=tracker, device=a.device,
-                    threads=a.threads, checkpoint=j["checkpoint"], progress=not a.no_progress)
-        f = res["final"]
-        extra = f", ARI {f['ari']:.3f}" if "ari" in f else ""
-        print(f"{run['dataset']} {run['label']} seed {run['seed']}: micro acc {f['micro_acc']:.4f}, "
-              f"macro acc {f['macro_acc']:.4f}{extra} ({res['wall_s']} s)", flush=True)
-    return 0
-
-
-def _resolve_k(run: dict, k_from: str | None) -> dict:
-    """A `K: auto` run takes its K from the select_k rule's file."""
-    if run["params"].get("K") != "auto":
-        return run
-    if not k_from:
-        raise ValueError(f"{run['label']}: K is 'auto'; pass --k-from with the select-k result")
-    from mcfl.cluster.select_k import read_k
-
-    return dict(run, params={**run["params"], "K": read_k(k_from)})
-
-
-def _cmd_select_k(a) -> int:
-    from mcfl.runner import configure_torch
-    from mcfl.federation import resolve_device
-    from mcfl.select_k import select_k
-
-    from mcfl.config import parse_run
-
-    run = parse_run(a.run)
-    if not run.get("select_k"):
-        raise ValueError(f"{run['label']}: not a `K: auto` run (no select_k settings)")
-    configure_torch(resolve_device(a.device), a.threads)
-    res = select_k(run, a.store, a.out, device=a.device, threads=a.threads)
-    scores = ", ".join(f"K={s['K']}: acc {s['micro_acc']:.4f}" for s in res["scores"])
-    print(f"{run['dataset']} {run['label']} seed {run['seed']}: chose K={res['K']} ({scores})")
-    return 0
-
-
-def _cmd_track(a) -> int:
-    from mcfl.io import atomic_path
-    from mcfl.track import record_finished, tracking_uri
-
-    pairs = record_finished(a.runs, a.experiment)
-    with atomic_path(a.out) as tmp:
-        tmp.write_text("run_dir\tmlflow_run_id\n" + "".join(f"{d}\t{r}\n" for d, r in pairs))
-    print(f"{len(pairs)} runs recorded in {tracking_uri()} (experiment {a.experiment!r})")
-    return 0
-
-
-def _cmd_report(a) -> int:
-    from mcfl.report import write_report
-
-    sources = dict(x.split("=", 1) for x in a.sources or [])
-    write_report([Path(p) for p in a.runs], Path(a.out), sources)
-    return 0
-
-
-def _cmd_report_fedcg(a) -> int:
-    from mcfl.report.fedcg import write_fedcg_report
-
-    write_fedcg_report([Path(p) for p in a.runs], Path(a.out))
-    return 0
-
-
-def _cmd_report_protocols(a) -> int:
-    from mcfl.report.protocols import write
-
-    write(a.runs, a.out, paper_results=a.paper_results, reference=a.reference, title=a.title or None)
-    return 0
-
-
-def _cmd_publish(a) -> int:
-    from mcfl.report.publish import publish
-
-    publish(Path(a.results), [Path(p) for p in a.runs], Path(a.out), a.config, a.title,
-            figures=a.figures)
-    return 0
-
-
-def _cmd_report_writers(a) -> int:
-    from mcfl.report.writers import write
-
-    write(a.store, a.runs, a.out, shares=a.shares)
-    return 0
-
-
-def _cmd_report_select_k(a) -> int:
-    from mcfl.cluster.select_k import write_select_k_report
-
-    write_select_k_report([Path(p) for p in a.files], Path(a.out))
-    return 0
-
-
 def _add_figure_parser(sub) -> None:
     p = sub.add_parser("figure", help="FeSEM's clustering figures (Fig. 4: clusters, Fig. 5: cases)")
     figs = p.add_subparsers(dest="figure", required=True, metavar="FIGURE")
@@ -372,45 +154,14 @@ def _add_figure_parser(sub) -> None:
     f.add_argument("--seed", type=int, default=0, help="seed of the client and sample choice")
 
 
-def _cmd_figure(a) -> int:
-    from mcfl.report import figures
-
-    if a.figure == "clusters":
-        from mcfl.config import parse_run
-
-        from mcfl.cluster.snapshot import cluster_snapshot
-
-        run = parse_run(a.run)
-        dev = _federation_device(a.device, a.threads)
-        snap = cluster_snapshot(run, a.store, a.state, n_clients=a.clients, centres=a.projection == "pca",
-                                seed=a.seed, device=dev)
-        res = figures.clusters_figure(snap, a.out, projection=a.projection, seed=a.seed)
-    else:
-        res = figures.cases_figure(a.store, a.assignments, a.out, clients_per_cluster=a.clients,
-                                   samples=a.samples, seed=a.seed, title=a.title)
-    print(f"{a.out}: {res}")
-    return 0
-
-
-def _federation_device(device: str, threads: int):
-    from mcfl.federation import resolve_device
-    from mcfl.runner import configure_torch
-
-    dev = resolve_device(device)
-    configure_torch(dev, threads)
-    return dev
-
-
-def _cmd_fedgsp(a) -> int:
-    from mcfl.report.fedgsp import main
-
-    return main(a)
-
-
 DEVICE_HELP = ("where to compute: cpu, cuda, cuda:N (the N-th GPU), or auto = the GPU when PyTorch "
                "sees one, else the CPU (default: auto)")
+
+
 THREADS_HELP = (f"CPU threads for PyTorch (default: the cores this process may use, here "
                 f"{available_cores()}; the workflow passes each job's threads setting)")
+
+
 RUN_HELP = ("the run's settings as JSON text, as the workflow passes them (mcfl check-config lists a "
             "config's runs; the Snakemake log shows each job's command)")
 
@@ -425,7 +176,7 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
         sub.add_parser(name, help=HEAVY[name])
         return False
 
-    ap = argparse.ArgumentParser(prog="mcfl", description=__doc__,
+    ap = argparse.ArgumentParser(prog="mcfl", description=USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-v", "--verbose", action="store_true", help="log debugging detail too")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -515,86 +266,3 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
                    "('.' for --results itself; default: figures)")
     p.add_argument("runs", nargs="+", help="the run directories of the report")
     return ap
-
-
-COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
-            "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
-            "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
-            "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,
-            "report-fedcg": _cmd_report_fedcg, "report-protocols": _cmd_report_protocols,
-            "report-writers": _cmd_report_writers, "publish": _cmd_publish, "track": _cmd_track, **leaf_cli.COMMANDS}
-
-
-def _terminate(signum, frame):
-    """SIGTERM (Snakemake stopping a job, a scheduler's time limit) unwinds like Ctrl-C: temporary
-    files are removed, the MLflow run is marked KILLED, and the last checkpoint stays to resume."""
-    raise SystemExit(128 + signum)
-
-
-def _command(argv: list[str]) -> str | None:
-    """The sub-command ``argv`` names: its first word that is not an option (``mcfl``'s own options,
-    -v and -h, take no value)."""
-    return next((a for a in argv if not a.startswith("-")), None)
-
-
-def error_line(e: BaseException) -> str:
-    """An exception as one line that is never empty: an OSError as ``FILE: what happened``
-    (``results/r/state.pt: no space left on device``), a MemoryError or an exception without a
-    message by its kind."""
-    if isinstance(e, OSError) and e.strerror and not isinstance(e, ValueError):
-        what = e.strerror[:1].lower() + e.strerror[1:]
-        files = [str(f) for f in (e.filename, e.filename2) if f is not None]
-        text = f"{files[-1]}: {what}" if files else what
-    elif isinstance(e, MemoryError):
-        text = f"out of memory ({e})" if str(e) else "out of memory"
-    elif isinstance(e, RecursionError):
-        text = f"input nested too deeply ({e})"
-    else:
-        text = str(e)
-    return " ".join(text.split()) or type(e).__name__
-
-
-def main(argv: list[str] | None = None) -> int:
-    # cuBLAS reads this when CUDA first uses it; set here, before anything can (see runner.configure_torch)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(commands=[_command(argv)]).parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(message)s")
-    from mcfl.errors import DivergenceError
-
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return COMMANDS[args.cmd](args)
-    except (ValueError, OSError, MemoryError, RecursionError, DivergenceError) as e:   # ConfigError, StoreError too
-        print(f"mcfl {args.cmd}: error: {error_line(e)}", file=sys.stderr)
-        return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def run() -> None:
-    """The ``mcfl`` console script: :func:`main`, then exit without finalising the interpreter.
-    Tearing down an interpreter with torch loaded (its modules, then its C++ libraries' destructors)
-    takes 0.5-1 s, paid again by every job of the DAG for nothing: the job has written and closed
-    its outputs by then. Python's exit handlers still run (logging, temporary files, MLflow), and
-    stdout/stderr are flushed; with a non-daemon thread still alive it exits the normal way, which
-    waits for it. Errors, ``--help`` and usage errors leave through the normal exit as well."""
-    code = main()
-    import threading
-
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        sys.exit(code)
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):       # a closed or broken pipe: nothing more to write
-            pass
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    run()
