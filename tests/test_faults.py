@@ -39,6 +39,11 @@ from mcfl.track import MLflowTracker, Tracker
 
 pytestmark = pytest.mark.faults
 METHODS = sorted(algorithms.ALGORITHMS)
+#: the per-method resume, determinism and order checks: the fast tier (-m "not slow") runs them for
+#: one algorithm of each kind of state (a model, server moments, centres, a split tree, groups), the
+#: slow tier for every other one
+FAST_METHODS = {"FedAvg", "FedSGD", "FedAdam", "FeSEM", "FedCluster", "FedGSP", "NaiveGSP+ICG"}
+TIERED_METHODS = [m if m in FAST_METHODS else pytest.param(m, marks=pytest.mark.slow) for m in METHODS]
 
 
 def outputs(d: Path) -> dict[str, bytes]:
@@ -77,7 +82,7 @@ def mlflow_runs(uri: str, experiment: str):
 
 
 # =========================================================================================== resume
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", TIERED_METHODS)
 def test_interrupted_run_resumes_bitwise_from_a_fresh_instance(method, digits_store, tmp_path, monkeypatch):
     """The checkpoint holds everything between rounds: a fresh algorithm instance (as in a new
     process; init() is not called) resumed from it ends bitwise where an uninterrupted run ends."""
@@ -392,7 +397,7 @@ def test_cli_sets_cublas_workspace_before_anything_runs(monkeypatch, capsys):
 
 
 # ===================================================================================== determinism
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", TIERED_METHODS)
 def test_same_seed_repeats_bitwise_other_seed_differs(method, digits_store, tmp_path):
     run = make_run(method=method, params=small_params(method), rounds=3, clients_per_round=4)
     a = train(run, digits_store, tmp_path / "a", progress=False)
@@ -410,7 +415,7 @@ def test_local_update_does_not_depend_on_order_or_other_clients(digits_store):
     assert all(torch.equal(alone[c], crowd[c]) for c in alone)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", TIERED_METHODS)
 def test_client_processing_order_does_not_change_results(method, digits_store):
     """Reversing the order clients are processed in changes only float rounding of server sums."""
     cls = algorithms.get(method)
