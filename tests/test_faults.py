@@ -332,6 +332,7 @@ class _DyingMLflow(MLflowTracker):
         super().log(metrics, step)
 
 
+@pytest.mark.slow
 def test_resume_whose_mlflow_run_was_deleted_records_a_new_run(digits_store, tmp_path, mlflow_uri, caplog):
     run = make_run(rounds=3, checkpoint_every=1)
     ck = tmp_path / "ck.pt"
@@ -970,6 +971,7 @@ _OPEN_STORE = ("import sys; from mcfl.track import _client, experiment_id; c = _
                "c.create_run(experiment_id(c, 'race'))")
 
 
+@pytest.mark.slow
 def test_parallel_processes_open_a_new_sqlite_store_once(tmp_path, cli_env):
     """Four processes open a sqlite store that does not exist yet, at once: MLflow creates its
     tables on first open and two doing that together fail; the store's init lock serialises it."""
