@@ -60,14 +60,20 @@ def make_run(dataset="digits", method="FedAvg", params=None, seed=0, model=None,
             "train": t, "data": {}, "experiment": "test", "needs_centres": False}
 
 
+#: settings that make a method cheap without changing what the tests check: K=2, few k-means
+#: restarts; FedCG's GCN projection through a bottleneck (two d x d/64 matrices instead of one d x d:
+#: 15x less time a round on the digits CNN) and a narrow domain classifier
+SMALL = (("K", 2), ("restarts", 2), ("bottleneck", 64), ("dc_width", 4), ("dc_kernel", 3))
+
+
 def small_params(method: str) -> dict:
-    """Default hyperparameters, with K=2 and few k-means restarts where a method has them."""
+    """Default hyperparameters, with the cheap settings of ``SMALL`` where a method has them."""
     import dataclasses
 
     from mcfl import algorithms
 
     fields = {f.name for f in dataclasses.fields(algorithms.get(method).Params)}
-    return {k: v for k, v in (("K", 2), ("restarts", 2)) if k in fields}
+    return {k: v for k, v in SMALL if k in fields}
 
 
 def interrupt_round(monkeypatch, method: str, rnd: int):
@@ -118,3 +124,95 @@ def swapped_store(tmp_path_factory):
 def iid_store(tmp_path_factory):
     """12 IID clients from the same teacher."""
     return make_concept_store(tmp_path_factory.mktemp("data") / "iid", groups=1, clients_per_group=12)
+
+
+# ------------------------------------------------------------------------------ the fast tier's guard
+# `pytest -m "not slow"` is the inner loop: a test that runs Snakemake for real (not `-n`) or trains
+# through `mcfl train` in a subprocess must carry @pytest.mark.slow. An audit hook sees every
+# subprocess a test starts and fails the test that starts one of these unmarked; a collection check
+# refuses a mark put on a helper instead of its test (it would mark nothing).
+_DRY = {"-n", "--dry-run", "--dryrun", "--lint", "--unlock", "--version", "--help", "-h"}
+_running: list = []          # the item whose setup, call or teardown is running now
+
+
+def _words(argv) -> list[str]:
+    import shlex
+
+    if isinstance(argv, (str, bytes, os.PathLike)):
+        argv = [argv]
+    out = []
+    for a in argv:
+        a = os.fsdecode(a)
+        try:
+            out += shlex.split(a) if " " in a else [a]
+        except ValueError:
+            out.append(a)
+    return out
+
+
+def expensive_command(argv) -> str | None:
+    """Why ``argv`` belongs in the slow tier, or None: a Snakemake run that is not a dry run, or
+    ``mcfl train``."""
+    words = _words(argv)
+    names = [Path(w).name for w in words]
+    for i, n in enumerate(names):
+        if n == "snakemake" and (i == 0 or names[i - 1] in ("-m",) or "python" in names[0]
+                                 or names[0] in ("sh", "bash", "env")):
+            if not _DRY & set(words[i + 1:]):
+                return "runs Snakemake (not a dry run)"
+        if n == "mcfl" and "train" in words[i + 1:i + 2]:
+            return "trains through `mcfl train` in a subprocess"
+    return None
+
+
+def _audit(event, args):
+    if event != "subprocess.Popen" or not _running:
+        return
+    item = _running[-1]
+    if item.get_closest_marker("slow") is not None:
+        return
+    why = expensive_command(args[1])
+    if why:
+        item.stash[_violation] = why
+        pytest.fail(f"{item.nodeid} {why} but is not marked @pytest.mark.slow "
+                    f"(the fast tier, pytest -m 'not slow', must stay fast)", pytrace=False)
+
+
+_violation = pytest.StashKey[str]()
+sys.addaudithook(_audit)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    why = item.stash.get(_violation, None)
+    if why and report.when == "call" and report.passed:      # the test caught the failure itself
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid} {why} but is not marked @pytest.mark.slow"
+    return report
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """A mark on a module-level function that is not a test marks nothing: refuse it."""
+    import inspect
+
+    seen = set()
+    for item in items:
+        mod = getattr(item, "module", None)
+        if mod is None or mod.__name__ in seen:
+            continue
+        seen.add(mod.__name__)
+        for name, obj in vars(mod).items():
+            if (inspect.isfunction(obj) and obj.__module__ == mod.__name__ and not name.startswith("test")
+                    and any(m.name == "slow" for m in getattr(obj, "pytestmark", []))):
+                raise pytest.UsageError(f"{mod.__file__}: {name} is not a test but is marked slow; "
+                                        "put the mark on the test that needs it")

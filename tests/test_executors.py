@@ -307,7 +307,6 @@ ATOL = {"FedMMD": 5e-6}
 #: the AMD EPYC it did not). 2 steps still train against a real penalty (step 1 starts at local =
 #: global, where the MMD and its gradient are 0).
 STEPS = {"FedMMD": 2}
-SMALL = {"FedCG": {"bottleneck": 64, "dc_width": 4, "dc_kernel": 3}}
 
 
 @pytest.mark.parametrize("method,path", [(m, "lowrank") for m in sorted(ALGORITHMS)]
@@ -338,7 +337,7 @@ def test_every_method_runs_with_the_batched_executor(method, path, digits_store,
         states.__setitem__(file.parent.name, algo.state_dict(state)), write_state(file, algo, state)))
     final, pred = {}, {}
     for ex in ("sequential", "batched"):
-        run = make_run(method=method, params={**small_params(method), **SMALL.get(method, {})}, rounds=2,
+        run = make_run(method=method, params=small_params(method), rounds=2,
                        clients_per_round=6,
                        eval_every=2, executor=ex, local_steps=STEPS.get(method, 4))
         final[ex] = train(run, digits_store, tmp_path / ex, progress=False)["final"]

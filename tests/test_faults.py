@@ -40,6 +40,11 @@ from mcfl.track import MLflowTracker, Tracker
 
 pytestmark = pytest.mark.faults
 METHODS = sorted(algorithms.ALGORITHMS)
+#: the per-method resume, determinism and order checks: the fast tier (-m "not slow") runs them for
+#: one algorithm of each kind of state (a model, server moments, centres, a split tree, groups), the
+#: slow tier for every other one
+FAST_METHODS = {"FedAvg", "FedSGD", "FedAdam", "FeSEM", "FedCluster", "FedGSP", "NaiveGSP+ICG"}
+TIERED_METHODS = [m if m in FAST_METHODS else pytest.param(m, marks=pytest.mark.slow) for m in METHODS]
 
 
 def outputs(d: Path) -> dict[str, bytes]:
@@ -78,7 +83,7 @@ def mlflow_runs(uri: str, experiment: str):
 
 
 # =========================================================================================== resume
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", TIERED_METHODS)
 def test_interrupted_run_resumes_bitwise_from_a_fresh_instance(method, digits_store, tmp_path, monkeypatch):
     """The checkpoint holds everything between rounds: a fresh algorithm instance (as in a new
     process; init() is not called) resumed from it ends bitwise where an uninterrupted run ends."""
@@ -328,6 +333,7 @@ class _DyingMLflow(MLflowTracker):
         super().log(metrics, step)
 
 
+@pytest.mark.slow
 def test_resume_whose_mlflow_run_was_deleted_records_a_new_run(digits_store, tmp_path, mlflow_uri, caplog):
     run = make_run(rounds=3, checkpoint_every=1)
     ck = tmp_path / "ck.pt"
@@ -393,7 +399,7 @@ def test_cli_sets_cublas_workspace_before_anything_runs(monkeypatch, capsys):
 
 
 # ===================================================================================== determinism
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", TIERED_METHODS)
 def test_same_seed_repeats_bitwise_other_seed_differs(method, digits_store, tmp_path):
     run = make_run(method=method, params=small_params(method), rounds=3, clients_per_round=4)
     a = train(run, digits_store, tmp_path / "a", progress=False)
@@ -411,7 +417,7 @@ def test_local_update_does_not_depend_on_order_or_other_clients(digits_store):
     assert all(torch.equal(alone[c], crowd[c]) for c in alone)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", TIERED_METHODS)
 def test_client_processing_order_does_not_change_results(method, digits_store):
     """Reversing the order clients are processed in changes only float rounding of server sums."""
     cls = algorithms.get(method)
@@ -964,6 +970,7 @@ _OPEN_STORE = ("import sys; from mcfl.track import _client, experiment_id; c = _
                "c.create_run(experiment_id(c, 'race'))")
 
 
+@pytest.mark.slow
 def test_parallel_processes_open_a_new_sqlite_store_once(tmp_path, cli_env):
     """Four processes open a sqlite store that does not exist yet, at once: MLflow creates its
     tables on first open and two doing that together fail; the store's init lock serialises it."""

@@ -208,6 +208,7 @@ def test_teacher_takes_the_student_every_R_rounds_and_adjacency_follows_the_para
     assert {"train_loss", "cls_loss", "domain_loss", "domain_entropy", "alpha_3"} <= set(d2)
 
 
+@pytest.mark.slow
 def test_batched_executor_stacks_fedcg_and_matches_sequential(domains_store, monkeypatch):
     """FedCG's loss is batchable: under ``executor: batched`` a round trains its clients stacked
     (never one at a time) to the sequential round's weights up to float rounding (clipping on, as
@@ -312,6 +313,7 @@ def test_self_weight_one_over_k_merges_the_domains_and_above_one_half_keeps_them
     assert torch.linalg.matrix_rank(a) == 6
 
 
+@pytest.mark.slow
 def test_runner_reports_soft_hard_and_unseen_domain_accuracy(domains_store, tmp_path):
     from mcfl.runner import train
 
@@ -413,6 +415,7 @@ def conflict_store(tmp_path_factory):
                        source="test", params={}, x_scale=1 / 16, domains={"names": ["a", "b"], "unseen": []})
 
 
+@pytest.mark.slow
 def test_domain_specific_parameters_learn_what_one_shared_model_cannot(conflict_store, tmp_path):
     # true domains in training (oracle) and at test (source): FedCG's defaults, GCN included, must
     # keep the two domains' parameters apart; with self_weight 1/2 the GCN made them identical

@@ -177,7 +177,6 @@ def test_cpd_study_uses_the_ablations_groupings(digits_store, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- DAG
-@pytest.mark.slow
 def _rec(label, seed, hit, acc, dataset="femnist_sample"):
     """A finished run as load_runs gives it: two evaluations, per-image hits on 4 test images."""
     hist = pd.DataFrame({"round": [1, 2], "micro_acc": [0.5, acc], "test_loss": [1.0, 0.5]})
@@ -222,6 +221,7 @@ def test_table_refuses_to_pair_runs_with_different_test_images():
         table([_rec("FedAvg", 0, [1, 1, 0, 0], 0.5), other], 0.8, 4, 10.0, CostModel())
 
 
+@pytest.mark.slow
 def test_fedgsp_rules_run_in_the_dag(tmp_path, cli_env):
     c = cfg(experiment="gsp-wf", seeds=[0])
     c["datasets"] = {"a": c["datasets"]["a"]}

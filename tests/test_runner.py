@@ -59,7 +59,8 @@ def _outputs(d):
     return hist, m["final"], (d / "predictions.csv").read_bytes(), (d / "assignments.csv").read_bytes(), state
 
 
-@pytest.mark.parametrize("method, params", [("FedAvg", {}), ("FeSEM", {"K": 2, "restarts": 2})])
+@pytest.mark.parametrize("method, params", [("FedAvg", {}), pytest.param("FeSEM", {"K": 2, "restarts": 2},
+                                                                          marks=pytest.mark.slow)])
 def test_one_process_training_several_seeds_writes_what_one_job_per_seed_writes(method, params,
                                                                                 digits_store, tmp_path):
     """`mcfl train --run A --out a --run B --out b` (the workflow's `seeds_per_job: all`): each run's
