@@ -1516,6 +1516,16 @@ def test_a_full_disk_names_the_file_in_one_line(name, digits_store, tmp_path, ca
     assert not list(tmp_path.rglob("*.tmp"))                       # no temporary left behind
 
 
+def test_a_full_disk_while_writing_centres_names_the_file(digits_store, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "centres" / "seed0.pt"
+    _enospc_at(monkeypatch, out.name)
+    fesem = make_run(method="FeSEM", params={"K": 2, "restarts": 2})
+    assert cli.main(["init-centres", "--run", json.dumps(fesem), "--store", str(digits_store), "--out", str(out),
+                     "--threads", "1", "--device", "cpu"]) == 1
+    _one_line_error(capsys.readouterr().err, "init-centres", rf"error: {re.escape(str(out))}: no space left on device$")
+    assert not out.exists() and not list(tmp_path.rglob("*.tmp"))
+
+
 def test_a_short_write_of_prepare_names_the_file(tmp_path, capsys, monkeypatch):
     """numpy reports a full disk while saving an array as "N requested and M written"."""
     import mcfl.data.store as store

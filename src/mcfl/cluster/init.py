@@ -37,6 +37,7 @@ Peak memory is then O(m·k + K·|W|), not O(m·|W|).
 
 from __future__ import annotations
 
+import io
 import logging
 from dataclasses import dataclass
 
@@ -47,7 +48,7 @@ from mcfl.aggregate import WeightedSum
 from mcfl.cluster.spec import centre_options
 from mcfl.engine import Task
 from mcfl.federation import Federation
-from mcfl.io import atomic_path
+from mcfl.io import write_bytes
 from mcfl.streams import KMEANS, SKETCH, derive_seed
 
 log = logging.getLogger(__name__)
@@ -177,9 +178,12 @@ def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str =
 
 
 def save_centres(c: Centres, path) -> None:
-    with atomic_path(path) as tmp:
-        torch.save({"centres": c.centres.cpu(), "assign": c.assign.cpu(), "inertia": c.inertia,
-                    "projection": c.projection}, tmp)
+    """Write the centres atomically; serialised in memory first, so that a full disk is one OSError
+    naming ``path`` (torch.save writing to a file reports it as a RuntimeError)."""
+    buf = io.BytesIO()
+    torch.save({"centres": c.centres.cpu(), "assign": c.assign.cpu(), "inertia": c.inertia,
+                "projection": c.projection}, buf)
+    write_bytes(path, buf.getvalue())
 
 
 def load_centres(path, K: int, fed: Federation) -> Centres:

@@ -172,11 +172,10 @@ def read_configs(paths) -> dict:
     cfg: dict = {}
     for i, path in enumerate(paths):
         doc = read_yaml(path)
-        if doc is None:
-            doc = {}
         if not isinstance(doc, dict):
-            raise ConfigError(f"{path}: a config file is a mapping of keys (datasets:, methods:, ...), "
-                              f"not a {type(doc).__name__}")
+            found = "an empty file" if doc is None else f"a {type(doc).__name__}"
+            raise ConfigError(f"{path}: top level must be a mapping of keys (datasets:, methods:, ...), "
+                              f"found {found}")
         if i == 0 and "replace" in doc:
             raise ConfigError(f"{path}: replace: belongs in an overlay (a config file given after the first)")
         merge(cfg, doc, str(path))
