@@ -201,7 +201,7 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-def pytest_collection_modifyitems(session, config, items):
+def pytest_collection_modifyitems(config, items):
     """A mark on a module-level function that is not a test marks nothing: refuse it."""
     import inspect
 
