@@ -5,19 +5,8 @@ interface (``run(tasks, rnd)`` yields ``(task, LocalResult)`` one at a time; ``t
 
 * ``sequential`` (:class:`~mcfl.engine.LocalTrainer`): one client after another. Best when one
   client's step already fills the device (big models on a CPU).
-* ``batched`` (:class:`BatchedTrainer`): a chunk of clients at once. Their weights are stacked into
-  a ``(C, |W|)`` matrix; one step of all C clients is one ``torch.func.vmap(functional_call)``
-  forward over the stack and one ordinary backward of the sum of their losses (the clients'
-  parameters are disjoint, so each gets its own gradient; ``torch.func.grad`` would give the same
-  but imports ``torch._dynamo``, seconds per process). The per-operation cost (Python, kernel
-  launch) is paid once per chunk instead of once per client. Clients have different data sizes and
-  hence numbers of steps: tasks are sorted by their number of steps (longest first) and cut into
-  chunks; at step s of a chunk only the clients that still have a step s train (a prefix of the
-  chunk, so the work is the clients' total number of steps, not chunk x longest); the short last
-  batch of an epoch is padded with masked rows and a client's loss is the mean over its *real*
-  rows only. Results are yielded chunk by chunk, each its own copy (a caller may keep it): at most
-  two chunks' worth of local models are alive at once (O(chunk·|W|) device memory), which is what
-  makes it a GPU executor.
+* ``batched`` (:class:`BatchedTrainer`): a chunk of clients at once, their weights stacked and one
+  vmapped step for all of them (:mod:`mcfl.executors.batched` says how, and when it pays).
 
 The ``batched`` executor's paths (:mod:`mcfl.executors.batched`): low-rank dense layers
 (:mod:`mcfl.executors.lowrank`) where valid, else the stacked path or the sequential loop, whichever
