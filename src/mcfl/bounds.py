@@ -7,8 +7,9 @@ the largest client has 600 samples (the batch plan would pad every client's epoc
 indices, 8 GB). :func:`check_run` is called by ``mcfl train``, ``init-centres`` and ``select-k``
 once the store is verified and before the federation is built:
 
-* ``train.batch_size`` at most the largest client's training samples (a larger batch is the same
-  full batch: give that number);
+* ``train.batch_size`` at most the largest client's training samples, or :data:`FULL_BATCH_SLACK`
+  where that is more (a larger batch is the same full batch; up to the slack it is allowed, as a
+  batch of 10 on small test stores, since its padded batch plan costs nothing);
 * ``train.clients_per_round`` and ``K`` at most the store's clients;
 * the model builds for the store's sample shape and classes (built on PyTorch's ``meta`` device:
   no memory), which gives its size P;
@@ -122,6 +123,11 @@ REMEDY = {"data": "a smaller store (fewer clients or samples)",
           "model": "the model's width (model block)"}
 
 
+#: a batch_size above the largest client's samples is the full batch; up to this many rows it is
+#: allowed (its batch plan is a few kB), beyond it refused
+FULL_BATCH_SLACK = 1024
+
+
 def check_run(train: dict, model_cfg: dict, data, *, K: Any = None, device: Any = "cpu",
               where: str = "train") -> dict[str, int]:
     """Check a run's ``train`` block, model and ``K`` against the store ``data`` and the free memory
@@ -132,7 +138,7 @@ def check_run(train: dict, model_cfg: dict, data, *, K: Any = None, device: Any 
     t = TrainSpec.of(train)
     n_max = int(data.n_train().max(initial=0))
     B = int(t.batch_size)
-    if B > n_max:
+    if B > max(n_max, FULL_BATCH_SLACK):
         raise BoundsError(f"{where}.batch_size: {B} is larger than the largest client's training set "
                           f"({n_max} samples in {data.path}); at most {n_max} (that is already the "
                           f"full batch)")
