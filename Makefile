@@ -32,7 +32,7 @@ setup: $(STAMP)
 # `make dvc-lock` records the code's and config's hashes in dvc.lock without running anything
 # (outputs keep the hashes last recorded): after a code change, before committing.
 # workflow/scripts/reproduce.py runs `make setup`, then `dvc repro`, and writes what each took (and
-# the jobs it ran) to results/reproduce.json, which `make docs-results` shows in the README.
+# the jobs it ran) to logs/reproduce.json, which `make docs-results` shows in the README.
 reproduce:
 	MCFL_CORES=$(CORES) $(PYTHON) workflow/scripts/reproduce.py
 

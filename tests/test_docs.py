@@ -242,7 +242,7 @@ def test_the_words_check_catches_what_it_should():
 
 
 def test_the_reproduce_time_shown_is_the_one_make_reproduce_wrote(tmp_path):
-    """`make reproduce` writes results/reproduce.json; `make docs-results` puts its figures between
+    """`make reproduce` writes logs/reproduce.json; `make docs-results` puts its figures between
     the README's and the quickstart's markers, replacing what an earlier run wrote there."""
     import json
 
@@ -252,7 +252,7 @@ def test_the_reproduce_time_shown_is_the_one_make_reproduce_wrote(tmp_path):
         "job_s": 1425.4, "config": "config/config.yaml", "cpu": "AMD EPYC 7B13", "cores": 2, "git": "abc1234"}))
     page = tmp_path / "page.md"
     page.write_text("before\n<!-- reproduce-time:start -->\nold 17 min\n<!-- reproduce-time:end -->\nafter\n")
-    sync.update_reproduce(tmp_path, pages=(page,))
+    sync.update_reproduce(tmp_path / "reproduce.json", pages=(page,))
     text = page.read_text()
     assert "old 17 min" not in text and text.startswith("before\n") and text.endswith("after\n")
     assert "**13 min 20 s**" in text and "55 s to set up" in text and "12 min 25 s for the DAG's 82 jobs" in text

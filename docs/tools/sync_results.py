@@ -12,7 +12,7 @@ revision, on which machine):
     results/figures/*.png                  -> docs/figures/dag/
     results/fedgsp/<dataset>/*.png         -> docs/figures/dag/fedgsp_<dataset>_*.png
 
-It also writes what the last ``make reproduce`` took (``results/reproduce.json``) into the README and
+It also writes what the last ``make reproduce`` took (``logs/reproduce.json``) into the README and
 the quickstart (between ``<!-- reproduce-time:start -->`` and ``<!-- reproduce-time:end -->``), and
 rewrites the README's short table (between ``<!-- results-table:start -->`` and
 ``<!-- results-table:end -->``) from ``results/table.md``: the rows of README_ROWS.
@@ -131,9 +131,9 @@ def reproduce_sentence(record: dict) -> str:
             f"(`results/benchmarks/`, `python benchmarks/workflow_stages.py` breaks them down).")
 
 
-def update_reproduce(results: Path, pages: tuple[Path, ...] = (ROOT / "README.md", DOCS / "quickstart.md")) -> None:
-    """The sentence between ``<!-- reproduce-time:start -->`` and ``<!-- reproduce-time:end -->``."""
-    record_file = results / "reproduce.json"
+def update_reproduce(record_file: Path, pages: tuple[Path, ...] = (ROOT / "README.md", DOCS / "quickstart.md")) -> None:
+    """The sentence between ``<!-- reproduce-time:start -->`` and ``<!-- reproduce-time:end -->``,
+    from ``make reproduce``'s record (``logs/reproduce.json``)."""
     if not record_file.exists():
         print(f"{record_file}: absent (written by `make reproduce`); the reproduce time is left as it is")
         return
@@ -199,7 +199,7 @@ def main() -> None:
     print(f"{res}/figures/*.png -> {fig.relative_to(ROOT)}/")
     if not a.no_readme:
         update_readme(res / "table.md", res)
-        update_reproduce(res)
+        update_reproduce(ROOT / "logs" / "reproduce.json")
 
 
 if __name__ == "__main__":

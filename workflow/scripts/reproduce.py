@@ -1,7 +1,8 @@
 """``make reproduce``: set up ``.venv``, run the DAG through ``dvc repro``, and write what it took.
 
 Runs ``make setup`` and then ``.venv/bin/dvc repro`` (Snakemake on the config ``params.yaml`` names,
-``$MCFL_CORES`` cores), passing their output through, and writes ``<results>/reproduce.json``: the
+``$MCFL_CORES`` cores), passing their output through, and writes ``logs/reproduce.json`` (beside the
+DAG's logs, not among the outputs DVC records, so ``dvc status`` stays clean after it): the
 seconds each took, the number of Snakemake jobs that ran, the run folders the DAG holds, the sum of
 the jobs' own times (``<results>/benchmarks/``), the machine and the git revision. ``make
 docs-results`` turns that file into the sentence the README and the quickstart show, so the figures
@@ -23,6 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: where the record goes (the default config's log folder; not a DVC output)
+RECORD = "logs/reproduce.json"
 STEPS = re.compile(r"(\d+) of (\d+) steps \(100%\) done")
 
 
@@ -92,10 +95,11 @@ def main() -> int:
               "run_folders": len(list(results.glob("runs/*/*/seed*/metrics.json"))),
               "job_s": round(job_seconds(results), 1), "config": params_value("config", "config/config.yaml"),
               "cpu": cpu_model(), "cores": os.cpu_count(), "git": git}
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "reproduce.json").write_text(json.dumps(record, indent=1) + "\n")
+    out = ROOT / RECORD
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"make reproduce: {record['setup_s'] + record['dag_s']:.0f} s ({record['setup_s']:.0f} s setup, "
-          f"{record['dag_s']:.0f} s for {jobs} jobs) -> {results / 'reproduce.json'}")
+          f"{record['dag_s']:.0f} s for {jobs} jobs) -> {RECORD}")
     return 0
 
 
