@@ -98,7 +98,7 @@ lock: setup
 .PHONY: lint
 lint: setup
 	$(BIN)/snakefmt --check .
-	.ci/lint-snakemake config/config.yaml config/femnist-sample/fedgsp.yaml config/femnist-sample.yaml
+	.ci/lint-snakemake config/config.yaml "config/femnist-sample.yaml config/femnist-sample/fedgsp.yaml" config/femnist-sample.yaml
 
 clean:
 	rm -rf results logs .snakemake mlflow.db mlflow.db.*.lock mlartifacts report.html site
