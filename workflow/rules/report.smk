@@ -12,9 +12,7 @@ rule report:
         markdown=P.res("table.md"),
         paper=P.res("paper_comparison.md"),
         paper_csv=P.res("paper_comparison.csv"),
-        paper_html=report(
-            P.res("paper_comparison.html"), caption="../report/paper_comparison.rst", category="Tables"
-        ),
+        paper_html=report(P.res("paper_comparison.html"), caption="../report/paper_comparison.rst", category="Tables"),
         figures=report(
             [P.res(f"figures/convergence_{d}.png") for d in config["datasets"]],
             caption="../report/convergence.rst",
