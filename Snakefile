@@ -22,6 +22,10 @@ if not workflow.overwrite_configfiles:
 
 # The rules call the `mcfl` command: Snakemake's own environment first on PATH, so that
 # `.venv/bin/snakemake` works without an activated environment.
+envvars:
+    "PATH",
+
+
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
 

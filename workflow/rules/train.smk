@@ -5,7 +5,6 @@
 
 # The progress bar goes to the job's log (tail -f it to watch); once the job has finished, its
 # final accuracy line ("digits FedAvg seed 0: micro acc 0.7630, ...") is shown in Snakemake's output.
-FINAL_LINE = "sed -n 's/.*\\r//; /: micro acc /p' {log:q}"
 
 
 rule train:
@@ -36,7 +35,8 @@ rule train:
     shell:
         "mcfl train --run {params.run:q} --store {input.store:q} {params.centres:q} {params.k:q} "
         '--out "$(dirname {output.metrics:q})" --checkpoint {params.checkpoint:q} {params.tracking:q} '
-        "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1 && " + FINAL_LINE
+        "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1 && "
+        "sed -n 's/.*\\r//; /: micro acc /p' {log:q}"
 
 
 if P.training.grouped:
@@ -65,4 +65,5 @@ if P.training.grouped:
             device=config["device"],
         shell:
             "mcfl train {params.runs:q} --store {input.store:q} {params.tracking:q} "
-            "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1 && " + FINAL_LINE
+            "--device {params.device:q} --threads {threads:q} > {log:q} 2>&1 && "
+            "sed -n 's/.*\\r//; /: micro acc /p' {log:q}"
