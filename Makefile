@@ -65,11 +65,16 @@ dry-run: setup
 report: setup
 	$(BIN)/snakemake --cores 1 --configfile config/config.yaml --report report.html
 
+# The tests run on two workers (pytest-xdist; the tests of a module sharing a module-scoped fixture
+# stay on one worker, tests/conftest.py); TEST_WORKERS=1 runs them in one process, as plain pytest.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(XDIST)
 
 docs: setup
 	$(BIN)/mkdocs build --strict --site-dir site

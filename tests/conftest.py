@@ -202,8 +202,16 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A mark on a module-level function that is not a test marks nothing: refuse it."""
+    """A mark on a module-level function that is not a test marks nothing: refuse it. Under
+    pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``), the tests of a module that share a
+    module-scoped fixture (a Snakemake run, a Slurm cluster, a built site) go to one worker, so the
+    fixture is made once."""
     import inspect
+
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d.scope == "module" for ds in defs.values() for d in ds):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
     seen = set()
     for item in items:
