@@ -29,6 +29,15 @@ last one short), optionally with
 Parameters a model marks ``requires_grad=False`` (FedFusion's frozen global extractor) get a zero
 loss gradient on every executor (with no proximal or linear term, as FedFusion: no step).
 
+Precision (``train.precision``, :data:`PRECISIONS`): ``fp32`` runs the code above as it is (PyTorch's
+defaults; bitwise repeatable on a CPU); ``tf32`` lets an NVIDIA GPU's tensor cores compute the
+float32 matrix products and convolutions of local training in TF32 (:func:`tf32_scope`; on other
+devices it is fp32, with a warning); ``bf16`` runs each step's forward pass and loss under
+``torch.autocast`` in bfloat16 (:meth:`LocalTrainer.autocast`; the backward follows the forward's
+dtypes), while the flat parameters, gradients and SGD updates stay float32. Evaluation
+(:meth:`LocalTrainer.predict`) computes in float32 whatever the setting. :func:`precision_ran` says
+what a run computed in (``metrics.json``).
+
 Randomness: every (round, client) pair draws its batch order from its own generator, seeded from
 ``SeedSequence([seed, round, client])``, so a client's update does not depend on which other clients
 ran, or in which order.
@@ -36,7 +45,9 @@ ran, or in which order.
 
 from __future__ import annotations
 
+import logging
 import math
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -49,6 +60,58 @@ from mcfl.data.store import FederatedData
 from mcfl.errors import DivergenceError  # noqa: F401 (re-exported)
 from mcfl.streams import derive_seed  # noqa: F401 (re-exported)
 from mcfl.trainspec import DEFAULTS, TrainSpec
+
+
+log = logging.getLogger("mcfl")
+
+#: the number formats of local training (``train.precision``; absent: fp32)
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def precision_ran(precision: str | None, device: torch.device | str) -> str:
+    """What local training computes in, for ``metrics.json``: ``fp32``; ``tf32`` on CUDA only (fp32
+    elsewhere: TF32 is a mode of NVIDIA tensor cores); ``bf16 (autocast)``."""
+    precision = precision or "fp32"
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    if precision == "tf32":
+        return "tf32" if torch.device(device).type == "cuda" else "fp32"
+    return "bf16 (autocast)" if precision == "bf16" else "fp32"
+
+
+@contextmanager
+def tf32_scope():
+    """TF32 for CUDA float32 matrix products and cuDNN convolutions inside the block; the previous
+    settings come back after it (so a process's other work keeps its own)."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    if hasattr(matmul, "fp32_precision"):                  # PyTorch >= 2.9's settings
+        before = matmul.fp32_precision, conv.fp32_precision
+        matmul.fp32_precision = conv.fp32_precision = "tf32"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision, conv.fp32_precision = before
+    else:                                                  # pragma: no cover - older PyTorch
+        before = matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        try:
+            yield
+        finally:
+            matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def bf16_supported(device: torch.device | str) -> bool:
+    """Whether ``torch.autocast`` can run bfloat16 on ``device`` (CUDA: compute capability 8.0 or
+    later; a CPU: one tiny product under autocast succeeds)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            out = torch.ones(2, 2, device=device) @ torch.ones(2, 2, device=device)
+        return out.dtype == torch.bfloat16
+    except (RuntimeError, TypeError):
+        return False
 
 
 def generator(*key: int) -> torch.Generator:
@@ -192,14 +255,18 @@ class LocalSpec:
     epochs: int = DEFAULTS["local_epochs"]
     steps: int | None = None
     max_grad_norm: float | None = None
+    precision: str = "fp32"
 
     @classmethod
     def of(cls, train: TrainSpec) -> LocalSpec:
         """The local update of a run's train settings."""
         return cls(lr=float(train.lr), batch_size=int(train.batch_size), epochs=int(train.local_epochs),
-                   steps=train.local_steps, max_grad_norm=train.max_grad_norm)
+                   steps=train.local_steps, max_grad_norm=train.max_grad_norm,
+                   precision=train.precision or "fp32")
 
     def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 (or None: no clipping), got {self.max_grad_norm}")
 
@@ -254,6 +321,29 @@ class LocalTrainer:
 
     def __init__(self, model: FlatModel, data: DeviceData, spec: LocalSpec, seed: int):
         self.model, self.data, self.spec, self.seed = model, data, spec, int(seed)
+        dev = model.device
+        if spec.precision == "bf16" and not bf16_supported(dev):
+            raise ValueError(f"precision bf16: torch.autocast cannot run bfloat16 on {dev}"
+                             + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "")
+                             + "; use fp32 (or tf32 on an NVIDIA GPU)")
+        if spec.precision == "tf32" and dev.type != "cuda":
+            log.warning("precision tf32 on %s: TF32 is a mode of NVIDIA GPUs' tensor cores, so this run "
+                        "computes in fp32 (the same numbers as fp32)", dev.type)
+
+    # -- precision ------------------------------------------------------------------------------
+    def autocast(self):
+        """The context of a training step's forward pass and loss: bfloat16 autocast (``bf16``),
+        else none."""
+        if self.spec.precision == "bf16":
+            return torch.autocast(self.model.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def numerics(self):
+        """The context of whole training steps (forward and backward): TF32 (``tf32`` on CUDA),
+        else none."""
+        if self.spec.precision == "tf32" and self.model.device.type == "cuda":
+            return tf32_scope()
+        return nullcontext()
 
     # -- batching -------------------------------------------------------------------------------
     def plan(self, client: int, rnd: int, purpose: int = 0, spec: LocalSpec | None = None) -> torch.Tensor:
@@ -287,16 +377,19 @@ class LocalTrainer:
         loss_sum = torch.zeros((), device=m.device)
         aux_sum = None
         steps = 0
-        for rows in self.batches(task.client, rnd, purpose, spec):
-            x, y = self.data.inputs(rows), self.data.y["train"][rows]
-            loss = task.loss(m.module, x, y, rows) if task.loss else F.cross_entropy(m.module(x), y)
-            if isinstance(loss, tuple):                        # a custom loss with diagnostics
-                loss, aux = loss
-                aux_sum = aux.detach() if aux_sum is None else aux_sum + aux.detach()
-            g = self._local_grad(loss, w, custom=partial)
-            sgd_step_(w, g, spec.lr, task.mu, anchor, linear, clip)
-            loss_sum += loss.detach()
-            steps += 1
+        with self.numerics():
+            for rows in self.batches(task.client, rnd, purpose, spec):
+                x, y = self.data.inputs(rows), self.data.y["train"][rows]
+                with self.autocast():
+                    loss = task.loss(m.module, x, y, rows) if task.loss else F.cross_entropy(m.module(x), y)
+                if isinstance(loss, tuple):                        # a custom loss with diagnostics
+                    loss, aux = loss
+                    aux = aux.detach().float()                     # bf16: sum in float32
+                    aux_sum = aux if aux_sum is None else aux_sum + aux
+                g = self._local_grad(loss, w, custom=partial)
+                sgd_step_(w, g, spec.lr, task.mu, anchor, linear, clip)
+                loss_sum += loss.detach()
+                steps += 1
         out = m.get()
         mean_loss = float(loss_sum) / max(steps, 1)
         # A sum is finite iff every entry is (or weights near 1e38/|W|: diverged anyway); one pass
@@ -332,12 +425,14 @@ class LocalTrainer:
         rows = self.data.client_rows(client) if rows is None else rows
         m.grad.zero_()
         total = 0.0
-        for i in range(0, len(rows), chunk):
-            r = rows[i:i + chunk]
-            loss = F.cross_entropy(m.module(self.data.inputs(r)), self.data.y["train"][r],
-                                   reduction="sum") / len(rows)
-            loss.backward()
-            total += float(loss.detach())
+        with self.numerics():
+            for i in range(0, len(rows), chunk):
+                r = rows[i:i + chunk]
+                with self.autocast():
+                    loss = F.cross_entropy(m.module(self.data.inputs(r)), self.data.y["train"][r],
+                                           reduction="sum") / len(rows)
+                loss.backward()
+                total += float(loss.detach())
         m.load(w)                      # BatchNorm statistics moved in train mode: restore them
         return m.grad[:P].clone(), total
 
