@@ -53,8 +53,9 @@ def measure(store, sizes, args, device, precision: str) -> dict:
     """The sequential executor's clients/s on a subset and one whole batched FedAvg round, each
     after a warm-up, at ``precision``; and the round's FedAvg model."""
     from mcfl.algorithms.fedavg import FedAvg
-    from mcfl.engine import Task, precision_ran
+    from mcfl.engine import Task
     from mcfl.federation import build_federation
+    from mcfl.precision import precision_ran
 
     train = {"lr": 0.004, "batch_size": 10, "local_epochs": 1, "rounds": 1, "precision": precision}
     out = {"ran": precision_ran(precision, device)}
@@ -71,7 +72,7 @@ def measure(store, sizes, args, device, precision: str) -> dict:
             sync(device)
             out[ex] = (len(clients), time.perf_counter() - t)
         else:                       # one whole FedAvg round, after a warm-up chunk
-            list(fed.trainer.run([Task(c, fed.w0) for c in range(min(fed.trainer.chunk, 8))], 1))
+            list(fed.trainer.run([Task(c, fed.w0) for c in range(min(fed.trainer.chunk, 8, args.clients))], 1))
             algo = FedAvg(fed, FedAvg.Params())
             state = algo.init()
             sync(device)

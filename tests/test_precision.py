@@ -13,9 +13,10 @@ import yaml
 from conftest import ROOT, make_run
 from mcfl.config import ConfigError, expand_runs, load_config, validate
 from mcfl.data import load
-from mcfl.engine import Task, bf16_supported, precision_ran
+from mcfl.engine import Task
 from mcfl.executors import BatchedTrainer
 from mcfl.federation import build_federation
+from mcfl.precision import bf16_supported, precision_ran
 from mcfl.report.format import machine
 from mcfl.runner import train
 from mcfl.timing import COLUMNS as TIME_COLUMNS
@@ -136,3 +137,26 @@ def test_bf16_batched_matches_sequential_within_bf16_rounding(digits_store, path
     assert _gap(bat16, bat32) > 1e-3                       # the batched path computed in bf16
     assert _gap(seq16, bat16) < 2 * bf16_effect
     assert all(abs(seq16[c][1] - bat16[c][1]) < 0.02 for c in seq16)
+
+
+@needs_bf16
+def test_bf16_custom_loss_trains_sequentially_under_batched(digits_store, caplog):
+    """A batchable custom loss (FedCG's kind) would go stacked, where its own float32 tensors meet
+    bf16 parameters inside vmap: under bf16 it trains on the sequential path instead, logged once,
+    with the sequential executor's weights bit for bit."""
+    import torch.nn.functional as F
+
+    def loss(module, x, y, rows, mask=None):
+        per = F.cross_entropy(module(x), y, reduction="none") + 0.01 * x.flatten(1).square().mean(1)
+        return per.mean() if mask is None else (per * mask).sum() / mask.sum().clamp(min=1)
+
+    loss.batchable = True
+    fed = build_federation(load(digits_store), {"name": "digits_cnn"},
+                           {"lr": 0.1, "rounds": 1, "batch_size": 5, "precision": "bf16"}, seed=3)
+    tasks = [Task(c, fed.w0, loss=loss) for c in range(6)]
+    seq = _results(fed.trainer, tasks)
+    caplog.set_level("INFO", logger="mcfl")
+    bat = _results(BatchedTrainer(fed.model, fed.dev, fed.trainer.spec, fed.seed, chunk=3, fallback="stacked"), tasks)
+    assert all(torch.equal(seq[c][0], bat[c][0]) for c in seq)
+    assert any("custom local loss trains on the sequential path under precision bf16" in r.getMessage()
+               for r in caplog.records)

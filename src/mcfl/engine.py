@@ -29,14 +29,12 @@ last one short), optionally with
 Parameters a model marks ``requires_grad=False`` (FedFusion's frozen global extractor) get a zero
 loss gradient on every executor (with no proximal or linear term, as FedFusion: no step).
 
-Precision (``train.precision``, :data:`PRECISIONS`): ``fp32`` runs the code above as it is (PyTorch's
-defaults; bitwise repeatable on a CPU); ``tf32`` lets an NVIDIA GPU's tensor cores compute the
-float32 matrix products and convolutions of local training in TF32 (:func:`tf32_scope`; on other
-devices it is fp32, with a warning); ``bf16`` runs each step's forward pass and loss under
-``torch.autocast`` in bfloat16 (:meth:`LocalTrainer.autocast`; the backward follows the forward's
-dtypes), while the flat parameters, gradients and SGD updates stay float32. Evaluation
-(:meth:`LocalTrainer.predict`) computes in float32 whatever the setting. :func:`precision_ran` says
-what a run computed in (``metrics.json``).
+Precision (``train.precision``, :mod:`mcfl.precision`): ``fp32`` runs the code above as it is;
+``tf32`` wraps each local update in TF32 settings (NVIDIA GPUs only; fp32 elsewhere, with a warning);
+``bf16`` runs each step's forward pass and loss under ``torch.autocast`` in bfloat16
+(:meth:`LocalTrainer.autocast`; the backward follows the forward's dtypes), while the flat
+parameters, gradients and SGD updates stay float32. Evaluation (:meth:`LocalTrainer.predict`)
+computes in float32 whatever the setting.
 
 Randomness: every (round, client) pair draws its batch order from its own generator, seeded from
 ``SeedSequence([seed, round, client])``, so a client's update does not depend on which other clients
@@ -47,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import math
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -58,60 +55,12 @@ from torch import nn
 
 from mcfl.data.store import FederatedData
 from mcfl.errors import DivergenceError  # noqa: F401 (re-exported)
+from mcfl.precision import PRECISIONS, autocast, bf16_supported, numerics
 from mcfl.streams import derive_seed  # noqa: F401 (re-exported)
 from mcfl.trainspec import DEFAULTS, TrainSpec
 
 
 log = logging.getLogger("mcfl")
-
-#: the number formats of local training (``train.precision``; absent: fp32)
-PRECISIONS = ("fp32", "tf32", "bf16")
-
-
-def precision_ran(precision: str | None, device: torch.device | str) -> str:
-    """What local training computes in, for ``metrics.json``: ``fp32``; ``tf32`` on CUDA only (fp32
-    elsewhere: TF32 is a mode of NVIDIA tensor cores); ``bf16 (autocast)``."""
-    precision = precision or "fp32"
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
-    if precision == "tf32":
-        return "tf32" if torch.device(device).type == "cuda" else "fp32"
-    return "bf16 (autocast)" if precision == "bf16" else "fp32"
-
-
-@contextmanager
-def tf32_scope():
-    """TF32 for CUDA float32 matrix products and cuDNN convolutions inside the block; the previous
-    settings come back after it (so a process's other work keeps its own)."""
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    if hasattr(matmul, "fp32_precision"):                  # PyTorch >= 2.9's settings
-        before = matmul.fp32_precision, conv.fp32_precision
-        matmul.fp32_precision = conv.fp32_precision = "tf32"
-        try:
-            yield
-        finally:
-            matmul.fp32_precision, conv.fp32_precision = before
-    else:                                                  # pragma: no cover - older PyTorch
-        before = matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-        matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        try:
-            yield
-        finally:
-            matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
-
-
-def bf16_supported(device: torch.device | str) -> bool:
-    """Whether ``torch.autocast`` can run bfloat16 on ``device`` (CUDA: compute capability 8.0 or
-    later; a CPU: one tiny product under autocast succeeds)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    try:
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            out = torch.ones(2, 2, device=device) @ torch.ones(2, 2, device=device)
-        return out.dtype == torch.bfloat16
-    except (RuntimeError, TypeError):
-        return False
 
 
 def generator(*key: int) -> torch.Generator:
@@ -330,20 +279,14 @@ class LocalTrainer:
             log.warning("precision tf32 on %s: TF32 is a mode of NVIDIA GPUs' tensor cores, so this run "
                         "computes in fp32 (the same numbers as fp32)", dev.type)
 
-    # -- precision ------------------------------------------------------------------------------
+    # -- precision (mcfl.precision) -------------------------------------------------------------
     def autocast(self):
-        """The context of a training step's forward pass and loss: bfloat16 autocast (``bf16``),
-        else none."""
-        if self.spec.precision == "bf16":
-            return torch.autocast(self.model.device.type, dtype=torch.bfloat16)
-        return nullcontext()
+        """The context of a training step's forward pass and loss (bf16: autocast)."""
+        return autocast(self.spec.precision, self.model.device)
 
     def numerics(self):
-        """The context of whole training steps (forward and backward): TF32 (``tf32`` on CUDA),
-        else none."""
-        if self.spec.precision == "tf32" and self.model.device.type == "cuda":
-            return tf32_scope()
-        return nullcontext()
+        """The context of whole training steps, forward and backward (tf32 on CUDA)."""
+        return numerics(self.spec.precision, self.model.device)
 
     # -- batching -------------------------------------------------------------------------------
     def plan(self, client: int, rnd: int, purpose: int = 0, spec: LocalSpec | None = None) -> torch.Tensor:

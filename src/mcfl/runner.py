@@ -21,7 +21,7 @@ last, so a killed job leaves nothing the report could take for a result):
   clustering figure (:mod:`mcfl.report.figures`); an empty dict for other methods;
 * ``metrics.json``     the run's identity (config, git revision, data hash), the machine (device,
   CPU kernels, threads, torch, ``precision``: what local training computed in,
-  :func:`mcfl.engine.precision_ran`) and final metrics.
+  :func:`mcfl.precision.precision_ran`) and final metrics.
 
 Crash safety. A checkpoint (``checkpoint=PATH``, every ``checkpoint_every`` rounds, written then
 renamed) holds everything the run carries between rounds: the algorithm's ``State`` (the contract
@@ -52,12 +52,12 @@ from mcfl import algorithms
 from mcfl.bounds import check_run
 from mcfl.data.store import StoreError, load, warn_untested
 from mcfl.divergence import COLUMN as DIVERGED, DivergenceWatch, summary as divergence_summary
-from mcfl.engine import precision_ran
 from mcfl.errors import REMEDY, DivergenceError
 from mcfl.evaluation import RoundCache, evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
 from mcfl.io import (OUTPUTS, config_hash, csv_text, git_revision, remove_stale_temps, rows_csv, write_bytes,
                      write_json)
+from mcfl.precision import precision_ran
 from mcfl.timing import COLUMNS as TIME_COLUMNS, LocalClock
 from mcfl.track import NullTracker
 from mcfl.trainspec import TrainSpec
