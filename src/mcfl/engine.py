@@ -29,6 +29,13 @@ last one short), optionally with
 Parameters a model marks ``requires_grad=False`` (FedFusion's frozen global extractor) get a zero
 loss gradient on every executor (with no proximal or linear term, as FedFusion: no step).
 
+Precision (``train.precision``, :mod:`mcfl.precision`): ``fp32`` runs the code above as it is;
+``tf32`` wraps each local update in TF32 settings (NVIDIA GPUs only; fp32 elsewhere, with a warning);
+``bf16`` runs each step's forward pass and loss under ``torch.autocast`` in bfloat16
+(:meth:`LocalTrainer.autocast`; the backward follows the forward's dtypes), while the flat
+parameters, gradients and SGD updates stay float32. Evaluation (:meth:`LocalTrainer.predict`)
+computes in float32 whatever the setting.
+
 Randomness: every (round, client) pair draws its batch order from its own generator, seeded from
 ``SeedSequence([seed, round, client])``, so a client's update does not depend on which other clients
 ran, or in which order.
@@ -36,6 +43,7 @@ ran, or in which order.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -47,8 +55,12 @@ from torch import nn
 
 from mcfl.data.store import FederatedData
 from mcfl.errors import DivergenceError  # noqa: F401 (re-exported)
+from mcfl.precision import PRECISIONS, autocast, bf16_supported, numerics
 from mcfl.streams import derive_seed  # noqa: F401 (re-exported)
 from mcfl.trainspec import DEFAULTS, TrainSpec
+
+
+log = logging.getLogger("mcfl")
 
 
 def generator(*key: int) -> torch.Generator:
@@ -192,14 +204,18 @@ class LocalSpec:
     epochs: int = DEFAULTS["local_epochs"]
     steps: int | None = None
     max_grad_norm: float | None = None
+    precision: str = "fp32"
 
     @classmethod
     def of(cls, train: TrainSpec) -> LocalSpec:
         """The local update of a run's train settings."""
         return cls(lr=float(train.lr), batch_size=int(train.batch_size), epochs=int(train.local_epochs),
-                   steps=train.local_steps, max_grad_norm=train.max_grad_norm)
+                   steps=train.local_steps, max_grad_norm=train.max_grad_norm,
+                   precision=train.precision or "fp32")
 
     def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 (or None: no clipping), got {self.max_grad_norm}")
 
@@ -254,6 +270,23 @@ class LocalTrainer:
 
     def __init__(self, model: FlatModel, data: DeviceData, spec: LocalSpec, seed: int):
         self.model, self.data, self.spec, self.seed = model, data, spec, int(seed)
+        dev = model.device
+        if spec.precision == "bf16" and not bf16_supported(dev):
+            raise ValueError(f"precision bf16: torch.autocast cannot run bfloat16 on {dev}"
+                             + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "")
+                             + "; use fp32 (or tf32 on an NVIDIA GPU)")
+        if spec.precision == "tf32" and dev.type != "cuda":
+            log.warning("precision tf32 on %s: TF32 is a mode of NVIDIA GPUs' tensor cores, so this run "
+                        "computes in fp32 (the same numbers as fp32)", dev.type)
+
+    # -- precision (mcfl.precision) -------------------------------------------------------------
+    def autocast(self):
+        """The context of a training step's forward pass and loss (bf16: autocast)."""
+        return autocast(self.spec.precision, self.model.device)
+
+    def numerics(self):
+        """The context of whole training steps, forward and backward (tf32 on CUDA)."""
+        return numerics(self.spec.precision, self.model.device)
 
     # -- batching -------------------------------------------------------------------------------
     def plan(self, client: int, rnd: int, purpose: int = 0, spec: LocalSpec | None = None) -> torch.Tensor:
@@ -287,16 +320,19 @@ class LocalTrainer:
         loss_sum = torch.zeros((), device=m.device)
         aux_sum = None
         steps = 0
-        for rows in self.batches(task.client, rnd, purpose, spec):
-            x, y = self.data.inputs(rows), self.data.y["train"][rows]
-            loss = task.loss(m.module, x, y, rows) if task.loss else F.cross_entropy(m.module(x), y)
-            if isinstance(loss, tuple):                        # a custom loss with diagnostics
-                loss, aux = loss
-                aux_sum = aux.detach() if aux_sum is None else aux_sum + aux.detach()
-            g = self._local_grad(loss, w, custom=partial)
-            sgd_step_(w, g, spec.lr, task.mu, anchor, linear, clip)
-            loss_sum += loss.detach()
-            steps += 1
+        with self.numerics():
+            for rows in self.batches(task.client, rnd, purpose, spec):
+                x, y = self.data.inputs(rows), self.data.y["train"][rows]
+                with self.autocast():
+                    loss = task.loss(m.module, x, y, rows) if task.loss else F.cross_entropy(m.module(x), y)
+                if isinstance(loss, tuple):                        # a custom loss with diagnostics
+                    loss, aux = loss
+                    aux = aux.detach().float()                     # bf16: sum in float32
+                    aux_sum = aux if aux_sum is None else aux_sum + aux
+                g = self._local_grad(loss, w, custom=partial)
+                sgd_step_(w, g, spec.lr, task.mu, anchor, linear, clip)
+                loss_sum += loss.detach()
+                steps += 1
         out = m.get()
         mean_loss = float(loss_sum) / max(steps, 1)
         # A sum is finite iff every entry is (or weights near 1e38/|W|: diverged anyway); one pass
@@ -332,12 +368,14 @@ class LocalTrainer:
         rows = self.data.client_rows(client) if rows is None else rows
         m.grad.zero_()
         total = 0.0
-        for i in range(0, len(rows), chunk):
-            r = rows[i:i + chunk]
-            loss = F.cross_entropy(m.module(self.data.inputs(r)), self.data.y["train"][r],
-                                   reduction="sum") / len(rows)
-            loss.backward()
-            total += float(loss.detach())
+        with self.numerics():
+            for i in range(0, len(rows), chunk):
+                r = rows[i:i + chunk]
+                with self.autocast():
+                    loss = F.cross_entropy(m.module(self.data.inputs(r)), self.data.y["train"][r],
+                                           reduction="sum") / len(rows)
+                loss.backward()
+                total += float(loss.detach())
         m.load(w)                      # BatchNorm statistics moved in train mode: restore them
         return m.grad[:P].clone(), total
 

@@ -19,7 +19,9 @@ last, so a killed job leaves nothing the report could take for a result):
   domains): runs on the same store can be compared image by image (a paired test);
 * ``state.pt``         a clustered method's final state (FeSEM: centres and assignments), for the
   clustering figure (:mod:`mcfl.report.figures`); an empty dict for other methods;
-* ``metrics.json``     the run's identity (config, git revision, data hash) and final metrics.
+* ``metrics.json``     the run's identity (config, git revision, data hash), the machine (device,
+  CPU kernels, threads, torch, ``precision``: what local training computed in,
+  :func:`mcfl.precision.precision_ran`) and final metrics.
 
 Crash safety. A checkpoint (``checkpoint=PATH``, every ``checkpoint_every`` rounds, written then
 renamed) holds everything the run carries between rounds: the algorithm's ``State`` (the contract
@@ -55,6 +57,7 @@ from mcfl.evaluation import RoundCache, evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
 from mcfl.io import (OUTPUTS, config_hash, csv_text, git_revision, remove_stale_temps, rows_csv, write_bytes,
                      write_json)
+from mcfl.precision import precision_ran
 from mcfl.timing import COLUMNS as TIME_COLUMNS, LocalClock
 from mcfl.track import NullTracker
 from mcfl.trainspec import TrainSpec
@@ -70,7 +73,7 @@ def _save_checkpoint(path: Path, algo, state, rnd: int, rows: list[dict], identi
 
 
 #: what a segment of a run records of the machine that trained it
-SEGMENT_KEYS = ("device", "device_name", "cpu", "threads", "torch", "git")
+SEGMENT_KEYS = ("device", "device_name", "cpu", "threads", "torch", "git", "precision")
 
 
 def _segments(ck: dict | None, machine: dict, start: int, end: int) -> list[dict]:
@@ -225,6 +228,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     here = {"device": str(dev), **identity}
     if dev.type == "cuda":                                         # which accelerator made it
         here["device_name"] = torch.cuda.get_device_name(dev)
+    here["precision"] = precision_ran(tcfg.precision, dev)        # what local training computed in
     if ck:
         state, start, rows = ck["state"], ck["round"] + 1, list(ck["history"])
         log.info("resuming %s from round %d (%s)", run["label"], ck["round"], ckpt_path)
@@ -343,7 +347,7 @@ def _write_outputs(out_dir: Path, run, machine, algo, state, fed, rows, final, p
               "run_id": run["run_id"], "seed": run["seed"], "params": run["params"],
               "rounds": int(run["train"]["rounds"]), "final": final, "wall_s": round(wall, 2),
               "time_s": {c[:-2]: round(float(sum(r.get(c, 0.0) for r in rows)), 2) for c in TIME_COLUMNS},
-              **machine}                         # device (and GPU name), CPU kernels, torch, git
+              **machine}              # device (and GPU name), CPU kernels, torch, git, precision
     result["partition"] = run.get("partition", "natural")          # which partition made the data
     if segments:                 # a resumed run: which machine trained which rounds (report.format)
         result["segments"] = segments

@@ -54,10 +54,11 @@ class TrainSpec:
     checkpoint_every: int
     executor: str
     executor_chunk: int | None
+    precision: str | None        # None (absent): fp32
 
     #: the settings a client's local update depends on (hence a clustered run's initial centres)
     LOCAL_KEYS: ClassVar[tuple[str, ...]] = ("lr", "batch_size", "local_epochs", "local_steps",
-                                             "max_grad_norm", "executor", "executor_chunk")
+                                             "max_grad_norm", "executor", "executor_chunk", "precision")
 
     @classmethod
     def of(cls, train: dict | TrainSpec) -> TrainSpec:

@@ -355,6 +355,8 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                 label, run_id = (f"{base}({k})", f"{base}-K{k}") if k is not None else (base, base)
                 label = entry.get("label", label)
                 train = {**ds["train"], **entry.get("train", {})}
+                if train.get("precision") == "fp32":     # the default: the same run as leaving it out
+                    del train["precision"]
                 if params.get("warmup", 0) >= train["rounds"]:       # FeSEM's warm-up must end
                     raise ConfigError(f"methods[{i}].warmup: {params['warmup']} warm-up rounds leave none "
                                       f"of {dname}'s {train['rounds']} rounds to the K clusters; use fewer")

@@ -91,6 +91,10 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
         self._custom = vmap(lambda p, x, y, r, m: functional_call(self._wrap, p, (x, y, r, m)))
         self.fallback = "sequential" if self._unsupported else fallback or self._faster_fallback(data)
         self._said: set[str] = set()
+        # bf16: autocast does not reach into torch.func.vmap on every device (on a CPU a vmapped
+        # Linear or convolution stays float32), so the stacked forwards get their parameters and
+        # inputs cast to bfloat16 explicitly: the same products as autocast's, whatever the device
+        self._half = torch.bfloat16 if spec.precision == "bf16" else None
         params = list(model.module.named_parameters())
         self._names = [n for n, _ in params]
         self._trainable = [p.requires_grad for _, p in params]
@@ -137,9 +141,10 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
         params = dict(zip(self._names, leaves))
         aux = None
         if loss_fn is None:
-            logits = self._forward(params, x)                                # (n, B, classes)
-            loss = client_ce(logits, y, mask)
-        else:
+            with self.autocast():
+                logits = self._forward(self._cast(params), self._cast(x))      # (n, B, classes)
+                loss = client_ce(logits, y, mask)
+        else:                                  # not under bf16: custom losses then train sequentially
             self._wrap.fn = loss_fn
             loss = self._custom({f"net.{n}": t for n, t in params.items()}, x, y, rows, mask)
             if isinstance(loss, tuple):
@@ -148,6 +153,15 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
         grads = iter(torch.autograd.grad(loss.sum(), [v for v, t in zip(leaves, live) if t],
                                          allow_unused=custom, materialize_grads=custom))
         return [next(grads) if t else torch.zeros_like(v) for v, t in zip(leaves, live)], loss.detach(), aux
+
+    def _cast(self, t):
+        """``t`` (a tensor, or a dict of them) in bfloat16 under ``bf16``, else ``t`` itself (a
+        floating-point input only: index tensors stay as they are)."""
+        if self._half is None:
+            return t
+        if isinstance(t, dict):
+            return {k: self._cast(v) for k, v in t.items()}
+        return t.to(self._half) if t.is_floating_point() else t
 
     def _why_slow(self) -> str:
         """Why a task cannot take the low-rank path, given that its history is not the reason."""
@@ -179,6 +193,11 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
                         for t in tasks)
         if not layerwise:                   # a custom loss without a layerwise form: no low-rank path
             if all(getattr(t.loss, "batchable", False) for t in tasks) and not self._unsupported:
+                if self._half is not None:    # its own tensors are not cast with the parameters
+                    self._say("batched executor: a custom local loss trains on the sequential path under "
+                              "precision bf16 (autocast does not reach into torch.func.vmap on every device)")
+                    yield from super().run(tasks, rnd)
+                    return
                 self._say(f"batched executor: a custom local loss trains on the {self.fallback} path, "
                           f"the faster one for this model on {self.model.device.type}")
                 if self.fallback == "stacked":
@@ -223,7 +242,9 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
             order = sorted(idx, key=lambda i: key[i])                   # stable: ties keep task order
             for a in range(0, len(order), size):
                 chunk = [tasks[i] for i in sorted(order[a:a + size], key=lambda i: -steps[i])]
-                yield from zip(chunk, self._train_chunk(chunk, rnd, lowrank))
+                with self.numerics():
+                    results = self._train_chunk(chunk, rnd, lowrank)
+                yield from zip(chunk, results)
 
     def _chunk_batches(self, tasks: list[Task], rnd: int):
         """The chunk's batch plans as ``rows`` (steps, C, B) (padded rows: row 0, masked), ``mask``,

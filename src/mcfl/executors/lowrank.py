@@ -118,16 +118,18 @@ class LowRankPath:
             leaves = {k: v[:n].detach().requires_grad_(k in live) for k, v in stacked.items()}
             x = x_in = self.data.inputs(r.reshape(-1)).view(n, B, *shape)
             outs = []
-            for i, child in enumerate(self._children):
-                if i in hist:
-                    x = LowRankLinear.apply(x, leaves[f"{i}.bias"], hist[i], s)
-                elif self._local[i]:
-                    x = self._vmapped[i]({k: leaves[f"{i}.{k}"] for k in self._local[i]}, x)
-                else:
-                    x = child(x.flatten(0, 1)).unflatten(0, (n, B))
-                outs.append(x)
-            y = self.data.y["train"][r]
-            loss = client_ce(x, y, mask[s, :n]) if loss_fn is None else loss_fn(x_in, outs, y, mask[s, :n])
+            with self.autocast():             # bf16: the vmapped children get bf16 (BatchedTrainer._cast)
+                for i, child in enumerate(self._children):
+                    if i in hist:
+                        x = LowRankLinear.apply(x, leaves[f"{i}.bias"], hist[i], s)
+                    elif self._local[i]:
+                        x = self._vmapped[i](self._cast({k: leaves[f"{i}.{k}"] for k in self._local[i]}),
+                                             self._cast(x))
+                    else:
+                        x = child(x.flatten(0, 1)).unflatten(0, (n, B))
+                    outs.append(x)
+                y = self.data.y["train"][r]
+                loss = client_ce(x, y, mask[s, :n]) if loss_fn is None else loss_fn(x_in, outs, y, mask[s, :n])
             grads = torch.autograd.grad(loss.sum(), [leaves[k] for k in live])
             sgd_step_([stacked[k][:n] for k in live], list(grads), lr, [mus[k][:n] for k in live],
                       [anchors[k][:n] for k in live] if anchors else None,
@@ -186,7 +188,7 @@ class _History:
                 k = bisect.bisect_left(cs, n)                  # the group's clients among the first n
                 if not k:
                     continue
-                m = m if back else m.T
+                m = (m if back else m.T).to(x.dtype)          # bf16: the GEMM in x's dtype
                 if k == n:
                     part = (x.reshape(n * B, -1) @ m).view(n, B, -1)
                     part = part if coef is None else part.mul_(coef[:n, None, None])
@@ -204,7 +206,7 @@ class _History:
         if not s:
             return None
         n, B, _ = x.shape
-        a, g = self.a[:n, :s * B], self.g[:n, :s * B]
+        a, g = self.a[:n, :s * B].to(x.dtype), self.g[:n, :s * B].to(x.dtype)
         t = torch.bmm(x, (a if not back else g).transpose(1, 2))
         if self.decay is not None:
             t.mul_(self.decay[:n, None])
@@ -242,10 +244,23 @@ class LowRankLinear(torch.autograd.Function):
 
     ``x``: (n, B, in) for the n clients training at step s; ``b``: (n, out), the clients' current
     biases (trained as usual: it always requires grad, so the backward runs even for a first
-    layer)."""
+    layer).
+
+    Under autocast (``bf16``) the products run in the autocast dtype, as ``nn.Linear``'s would:
+    ``x``, ``b`` and the operands are cast to it, while the history and the final weights stay
+    float32; the backward computes in its incoming gradient's dtype."""
 
     @staticmethod
     def forward(ctx, x, b, hist, s):
+        dev = x.device.type
+        if torch.is_autocast_enabled(dev):
+            dt = torch.get_autocast_dtype(dev)
+            with torch.autocast(dev, enabled=False):
+                return LowRankLinear._forward(ctx, x.to(dt), b.to(dt), hist, s)
+        return LowRankLinear._forward(ctx, x, b, hist, s)
+
+    @staticmethod
+    def _forward(ctx, x, b, hist, s):
         n, B, _ = x.shape
         y = hist.const(x, back=False)
         low = hist.lowrank(x, s, back=False)

@@ -88,12 +88,15 @@ def markdown_html(text: str, title: str) -> str:
 
 
 def machine(m: dict) -> str:
-    """A run's machine in words, from its metrics.json (device, CPU kernels, threads, torch). A run
-    resumed on another machine names each one with its rounds (``segments``, runner.py)."""
+    """A run's machine in words, from its metrics.json (device, CPU kernels, threads, torch, and the
+    precision local training computed in when it is not fp32). A run resumed on another machine
+    names each one with its rounds (``segments``, runner.py)."""
     def one(s: dict) -> str:
         name = s.get("device_name")
+        precision = s.get("precision", m.get("precision", "fp32"))
         return (f"{s.get('device', '?')}{f' {name}' if name else ''} ({s.get('cpu', '?')}, "
-                f"{s.get('threads', '?')} thread(s), torch {s.get('torch', '?')})")
+                f"{s.get('threads', '?')} thread(s), torch {s.get('torch', '?')}"
+                f"{f', {precision}' if precision != 'fp32' else ''})")
 
     parts: list[list] = []                     # consecutive segments of one machine merge
     for s in m.get("segments") or []:
