@@ -60,8 +60,8 @@ def test_table_numbers_by_hand(tmp_path):
     assert md.startswith("# FeSEM's Table 2 on real FEMNIST writers\n")          # the default title
     write(runs, tmp_path / "titled", title="Two methods")
     assert (tmp_path / "titled.md").read_text().startswith("# Two methods\n")
-    assert "| FeSEM(2) | 84.8 ± 1.1 | not run | not run yet | 75.0 ± 21.2 |" in md and "`v1`" in md
-    assert "(this study has not been run yet)" in md
+    assert "| FeSEM(2) | 84.8 ± 1.1 | not run | 75.0 ± 21.2 |" in md and "`v1`" in md
+    assert "authors' code" not in md               # no authors' code results named: no such column
     assert "cpu (AVX2, 1 thread(s), torch 2.x)" in md
 
 
@@ -81,7 +81,9 @@ def test_the_authors_code_column_reads_v1_of_its_own_results(tmp_path):
     assert "| FeSEM(2) | 84.8 ± 1.1 | not run | 70.0 ± 10.0 (3 seeds) | 70.0 |" in md
     assert "| FedAvg | 84.9 ± 2.0 | not run | not run | 80.0 |" in md and "not run yet" not in md
     write(runs, tmp_path / "none", authors_results=tmp_path / "nowhere")
-    assert "| FedAvg | 84.9 ± 2.0 | not run | not run yet | 80.0 |" in (tmp_path / "none.md").read_text()
+    none = (tmp_path / "none.md").read_text()           # named but not run (yet): says so
+    assert "| FedAvg | 84.9 ± 2.0 | not run | not run yet | 80.0 |" in none
+    assert "(this study has not been run yet)" in none
 
 
 def test_the_machines_section_names_the_cells_each_machine_made(tmp_path):
