@@ -61,7 +61,29 @@ def test_table_numbers_by_hand(tmp_path):
     write(runs, tmp_path / "titled", title="Two methods")
     assert (tmp_path / "titled.md").read_text().startswith("# Two methods\n")
     assert "| FeSEM(2) | 84.8 ± 1.1 | not run | 75.0 ± 21.2 |" in md and "`v1`" in md
+    assert "authors' code" not in md               # no authors' code results named: no such column
     assert "cpu (AVX2, 1 thread(s), torch 2.x)" in md
+
+
+def test_the_authors_code_column_reads_v1_of_its_own_results(tmp_path):
+    """The authors' code column: mean ± std of its runs' V1 scores (not their standard ones), with
+    their seeds; a row those runs lack says "not run" once the study has runs, "not run yet" before."""
+    runs = [fake_run(tmp_path / "std" / "runs" / "d", "FedAvg", 0, 0.80),
+            fake_run(tmp_path / "std" / "runs" / "d", "FeSEM(2)", 0, 0.70)]
+    authors = tmp_path / "authors" / "runs" / "d"
+    for seed, v1 in ((0, 0.60), (1, 0.70), (2, 0.80)):
+        fake_run(authors, "FeSEM(2)", seed, 0.1, v1=v1)
+    t = write(runs, tmp_path / "t", authors_results=tmp_path / "authors").set_index("method")
+    assert t.loc["FeSEM(2)", "authors_mean"] == pytest.approx(70.0)
+    assert t.loc["FeSEM(2)", "authors_std"] == pytest.approx(10.0)            # std of 60, 70, 80
+    assert t.loc["FeSEM(2)", "authors_seeds"] == 3 and t.loc["FedAvg", "authors_seeds"] == 0
+    md = (tmp_path / "t.md").read_text()
+    assert "| FeSEM(2) | 84.8 ± 1.1 | not run | 70.0 ± 10.0 (3 seeds) | 70.0 |" in md
+    assert "| FedAvg | 84.9 ± 2.0 | not run | not run | 80.0 |" in md and "not run yet" not in md
+    write(runs, tmp_path / "none", authors_results=tmp_path / "nowhere")
+    none = (tmp_path / "none.md").read_text()           # named but not run (yet): says so
+    assert "| FedAvg | 84.9 ± 2.0 | not run | not run yet | 80.0 |" in none
+    assert "(this study has not been run yet)" in none
 
 
 def test_the_machines_section_names_the_cells_each_machine_made(tmp_path):

@@ -14,7 +14,8 @@ def test_defaults_are_the_schemas_and_validation_fills_the_same():
                     "datasets": {"d": {"prepare": {"source": "digits"}, "model": {"name": "digits_cnn"}}},
                     "methods": [{"method": "FedAvg"}]})
     assert cfg["datasets"]["d"]["train"] == FILLED
-    assert set(DEFAULTS) - set(FILLED) == {"max_grad_norm", "eval_protocols", "precision"}   # absent = off
+    assert set(DEFAULTS) - set(FILLED) == {"max_grad_norm", "eval_protocols", "precision",
+                                           "clients_per_cluster"}   # absent = off
     assert [f.name for f in dataclasses.fields(TrainSpec)] == list(DEFAULTS)
     assert TrainSpec.of({}) == TrainSpec(**DEFAULTS)
     assert LocalSpec(lr=0.1) == LocalSpec.of(TrainSpec.of({"lr": 0.1}))         # LocalSpec's defaults too

@@ -4,6 +4,8 @@
 config makes (every seed, and the sweep points of a FedGSP block), the seconds it takes are
 
     init + rounds x (clients per round x local steps per client x seconds per local step)
+
+(clients per round: ``clients_per_round``, or ``clients_per_cluster`` x K)
          + evaluations x (test samples x seconds per test sample + fine-tuning)
 
 with the two per-step times measured here, in a second or two: a few SGD steps of the run's model
@@ -180,6 +182,16 @@ def n_params(model: dict, size: DataSize) -> int:
     return sum(p.numel() for p in net.parameters())
 
 
+def round_clients(run: dict, n_clients: int) -> int:
+    """The clients a round of ``run`` trains: ``clients_per_cluster`` x K (at most every client)
+    with per-cluster sampling, else ``clients_per_round`` (null: every client)."""
+    train = run["train"]
+    if train.get("clients_per_cluster"):
+        K = run.get("params", {}).get("K")
+        return min(int(train["clients_per_cluster"]) * (K if isinstance(K, int) else 1), n_clients)
+    return min(train.get("clients_per_round") or n_clients, n_clients)
+
+
 def run_cost(run: dict, size: DataSize, step_s: float, sample_s: float, *,
              init_passes: int = 0) -> RunCost:
     """One run's cost from the per-step times (the arithmetic of the module docstring);
@@ -189,7 +201,7 @@ def run_cost(run: dict, size: DataSize, step_s: float, sample_s: float, *,
     t = TrainSpec.of(run["train"])
     per_client = size.n_train / max(1, size.n_clients)
     steps = local_steps(t, per_client)
-    clients = min(t.clients_per_round or size.n_clients, size.n_clients)
+    clients = round_clients(run, size.n_clients)
     round_s = clients * steps * step_s
     finetune = int(t.finetune_epochs) * size.n_clients * max(1, math.ceil(per_client / int(t.batch_size)))
     eval_s = size.n_test * sample_s + finetune * step_s
@@ -221,7 +233,7 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
             continue
         size = sizes[run["dataset"]]
         train = {**_train_defaults(), **run["train"]}
-        group = batched_group(train, size)
+        group = batched_group(train, size, run["params"])
         batch = int(train["batch_size"]) * group
         key = json.dumps([run["model"], size.x_shape, size.n_classes, batch], sort_keys=True)
         if key not in measured:
@@ -243,14 +255,14 @@ BATCHED_GROUP = 32
 BATCHED_VALUES = 2_000_000
 
 
-def batched_group(train: dict, size: DataSize) -> int:
+def batched_group(train: dict, size: DataSize, params: dict | None = None) -> int:
     """How many clients' local steps one timed step stands for: 1 for the sequential executor; for
     the batched one (all clients of a round in one vectorised step) the clients trained at once,
     approximated as one step on their batches stacked, up to :data:`BATCHED_GROUP` clients and
     :data:`BATCHED_VALUES` input values."""
     if train.get("executor") != "batched":
         return 1
-    clients = min(train.get("clients_per_round") or size.n_clients, size.n_clients,
+    clients = min(round_clients({"train": train, "params": params or {}}, size.n_clients),
                   train.get("executor_chunk") or size.n_clients)
     values = int(train["batch_size"]) * math.prod(size.x_shape)
     return max(1, min(clients, BATCHED_GROUP, BATCHED_VALUES // max(1, values)))
@@ -398,7 +410,7 @@ def time_run(run: dict, store, device: str, rounds: int = 2, warmup: int = 1) ->
 
     from mcfl import algorithms
     from mcfl.data import load
-    from mcfl.evaluation import evaluate, evaluate_protocol, protocols
+    from mcfl.evaluation import RoundCache, evaluate, evaluate_protocol, protocols
     from mcfl.federation import build_federation
     from mcfl.trainspec import TrainSpec
 
@@ -413,14 +425,16 @@ def time_run(run: dict, store, device: str, rounds: int = 2, warmup: int = 1) ->
     walls = []
     for r in range(1, warmup + rounds + 1):
         t = time.perf_counter()
-        state, _ = algo.round(state, fed.clients(r), r)
+        clients = fed.clients(r, algo.assignments(state) if fed.per_cluster else None)
+        state, _ = algo.round(state, clients, r)
         if r > warmup:
             walls.append(time.perf_counter() - t)
     r = warmup + rounds
     t = time.perf_counter()
-    evaluate(algo, state, fed, finetune_epochs=tcfg.finetune_epochs, rnd=r)
+    cache = RoundCache(algo, state, fed, r, active=clients)        # shared, as the runner does
+    evaluate(algo, state, fed, finetune_epochs=tcfg.finetune_epochs, rnd=r, cache=cache)
     for proto in protocols(tcfg.eval_protocols).values():
-        evaluate_protocol(proto, algo, state, fed, r)
+        evaluate_protocol(proto, algo, state, fed, r, cache)
     eval_s = time.perf_counter() - t
     total_rounds = tcfg.rounds
     evals = evaluations(total_rounds, tcfg.eval_every)

@@ -10,7 +10,7 @@ the same trained model at the same rounds with any of the authors' evaluation ch
 difference can be switched on alone:
 
 * ``clients: active``: only the round's active clients (the authors' V1 code evaluates each round's
-  sampled clients); default ``all``;
+  sampled clients; with ``clients_per_cluster``, those drawn from each cluster); default ``all``;
 * ``finetune_epochs: E``: each tested client first trains E epochs on its own training data from
   the model it is given (V1: one epoch, batch 10); default 0;
 * ``combine``: how per-client results become the four numbers:
@@ -57,8 +57,9 @@ class RoundCache:
     fine-tuning; the standard protocol, ``cluster_mean`` and ``v2`` their plain predictions). A
     request for clients not yet predicted on model k is one ``predict`` over all their rows."""
 
-    def __init__(self, algo, state, fed, rnd: int):
+    def __init__(self, algo, state, fed, rnd: int, active: np.ndarray | None = None):
         self.algo, self.state, self.fed, self.rnd = algo, state, fed, rnd
+        self.active = active             # the clients round ``rnd`` trained (None: drawn again)
         self.models = list(algo.eval_models(state))     # [(weights, clients tested on them)]
         self._done: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -148,7 +149,10 @@ def evaluate_protocol(p: Protocol, algo, state, fed, rnd: int,
     """The four scores of protocol ``p`` at round ``rnd`` (after that round's update); ``cache``: the
     round's (:class:`RoundCache`), shared with its other protocols."""
     cache = cache or RoundCache(algo, state, fed, rnd)
-    chosen = fed.clients(rnd) if p.clients == "active" and rnd > 0 else np.arange(fed.n_clients)
+    if p.clients == "active" and rnd > 0:
+        chosen = cache.active if cache.active is not None else fed.clients(rnd)
+    else:
+        chosen = np.arange(fed.n_clients)
     keep = np.zeros(fed.n_clients, dtype=bool)
     keep[chosen] = True
     models = [(k, np.asarray(m)[keep[np.asarray(m)]]) for k, (_, m) in enumerate(cache.models)]

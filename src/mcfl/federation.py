@@ -5,7 +5,8 @@ Seeds. A run's ``seed`` is split by purpose with :func:`mcfl.engine.derive_seed`
 
 * the client stream: round r's participants are drawn from ``(seed, STREAM, r)`` only, so every
   algorithm run with one (dataset, seed) sees exactly the same clients in every round, and
-  lengthening a run keeps the earlier rounds' draws;
+  lengthening a run keeps the earlier rounds' draws (with ``clients_per_cluster``, the draw also
+  depends on the clusters the round starts from: the same stream, split by cluster);
 * the initial model: ``(seed, MODEL)``, the same starting weights for every algorithm;
 * local SGD: ``(seed, round, client, purpose)`` (see :mod:`mcfl.engine`);
 * server-side randomness of an algorithm: :meth:`Federation.rng` ``(seed, SERVER, round, purpose)``.
@@ -36,6 +37,20 @@ def round_clients(n_clients: int, per_round: int | None, seed: int, rnd: int) ->
     return np.sort(rng.choice(n_clients, size=k, replace=False)).astype(np.int64)
 
 
+def cluster_clients(assign, per_cluster: int, seed: int, rnd: int) -> np.ndarray:
+    """Round ``rnd``'s sorted client indices under per-cluster sampling (``clients_per_cluster``):
+    from each non-empty cluster of ``assign`` (cluster id per client), in increasing cluster id,
+    ``min(per_cluster, members)`` of its members drawn without replacement. A cluster with fewer
+    members than ``per_cluster`` trains all of them; an empty cluster trains none. The draws come from
+    the same (seed, STREAM, rnd) stream as :func:`round_clients`, so with one cluster holding every
+    client they are exactly :func:`round_clients`' clients."""
+    assign = np.asarray(assign)
+    rng = np.random.default_rng(derive_seed(seed, STREAM, rnd))
+    picked = [rng.choice(np.flatnonzero(assign == k), size=min(int(per_cluster), int((assign == k).sum())),
+                         replace=False) for k in np.unique(assign)]
+    return np.sort(np.concatenate(picked)).astype(np.int64)
+
+
 def client_stream(n_clients: int, per_round: int | None, seed: int, rounds: int) -> np.ndarray:
     """(rounds, k): :func:`round_clients` of rounds 1..rounds."""
     k = n_clients if per_round is None else min(int(per_round), n_clients)
@@ -53,6 +68,7 @@ class Federation:
     w0: torch.Tensor
     per_round: int | None
     inputs: dict[str, Path] = field(default_factory=dict)
+    per_cluster: int | None = None           # clients_per_cluster: per-cluster sampling (clustered methods)
 
     @property
     def n_clients(self) -> int:
@@ -72,8 +88,16 @@ class Federation:
         flat = FlatModel(module, self.device)
         return replace(self, model=flat, trainer=same_executor(self.trainer, flat, self.dev), w0=flat.get())
 
-    def clients(self, rnd: int) -> np.ndarray:
-        return round_clients(self.n_clients, self.per_round, self.seed, rnd)
+    def clients(self, rnd: int, assign: np.ndarray | None = None) -> np.ndarray:
+        """Round ``rnd``'s clients: ``per_round`` of all clients (:func:`round_clients`) or, with
+        ``per_cluster`` set, that many from each cluster of ``assign``, the clustering the round
+        starts from (:func:`cluster_clients`)."""
+        if self.per_cluster is None:
+            return round_clients(self.n_clients, self.per_round, self.seed, rnd)
+        if assign is None:
+            raise ValueError("train.clients_per_cluster samples from each cluster: it needs a clustered "
+                             "method's assignments")
+        return cluster_clients(assign, self.per_cluster, self.seed, rnd)
 
     def rng(self, rnd: int, purpose: int = 0) -> np.random.Generator:
         return np.random.default_rng(derive_seed(self.seed, SERVER, rnd, purpose))
@@ -106,4 +130,4 @@ def build_federation(data: FederatedData, model_cfg: dict, train_cfg: dict | Tra
     t = TrainSpec.of(train_cfg)
     trainer = make_trainer(t.executor, flat, dev, LocalSpec.of(t), seed, chunk=t.executor_chunk)
     return Federation(data, dev, flat, trainer, int(seed), flat.get(), t.clients_per_round,
-                      {k: Path(v) for k, v in (inputs or {}).items()})
+                      {k: Path(v) for k, v in (inputs or {}).items()}, t.clients_per_cluster)

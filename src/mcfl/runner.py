@@ -6,7 +6,8 @@ its checkpoint), and for r = 1..R: draws round r's clients (from (seed, r) alone
 checkpoints every ``checkpoint_every`` rounds. Outputs (each written atomically, ``metrics.json``
 last, so a killed job leaves nothing the report could take for a result):
 
-* ``history.csv``      one row per round: train loss, the algorithm's diagnostics, test metrics
+* ``history.csv``      one row per round: train loss, the algorithm's diagnostics (with
+  ``clients_per_cluster``, ``sampled/<k>``: the round's clients drawn from cluster k), test metrics
   on evaluation rounds (:mod:`mcfl.evaluation`; a named protocol's as ``NAME/micro_acc`` ...), and
   the round's seconds of local training, of the rest of the round and of evaluation
   (:mod:`mcfl.timing`; ``metrics.json`` has their totals under ``time_s``); on a round whose loss
@@ -249,13 +250,15 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
         for r in bar:
             clock.reset()
             t_round = time.perf_counter()
-            state, diag = algo.round(state, fed.clients(r), r)
+            start_assign = algo.assignments(state) if fed.per_cluster else None
+            clients = fed.clients(r, start_assign)
+            state, diag = algo.round(state, clients, r)
             clock.sync()
             round_s, local_s = time.perf_counter() - t_round, clock.seconds
-            row = {"round": r, **diag}
+            row = {"round": r, **diag, **sampled_columns(start_assign, clients)}
             t_eval = time.perf_counter()
             if r % every == 0 or r == rounds:
-                cache = RoundCache(algo, state, fed, r)    # the protocols share predictions
+                cache = RoundCache(algo, state, fed, r, active=clients)   # the protocols share predictions
                 scores, pred = evaluate(algo, state, fed, finetune_epochs=int(tcfg.finetune_epochs),
                                         rnd=r, cache=cache)
                 row.update(scores)
@@ -277,7 +280,8 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
                 _save_checkpoint(ckpt_path, algo, state, r, rows, identity, tracking_id,
                                  _segments(ck, here, start, r))
                 tracker.flush()
-        final = {k: v for k, v in rows[-1].items() if k not in ("round", DIVERGED) and k not in TIME_COLUMNS}
+        final = {k: v for k, v in rows[-1].items() if k not in ("round", DIVERGED) and k not in TIME_COLUMNS
+                 and not k.startswith(SAMPLED)}
         result = _write_outputs(out_dir, run, here, algo, state, fed, rows, final, pred,
                                 time.time() - t0, _segments(ck, here, start, rounds) if ck else None)
         tracker.artifacts([out_dir / f for f in OUTPUTS])
@@ -292,6 +296,20 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     if ckpt_path:
         ckpt_path.unlink(missing_ok=True)       # only now: a kill before this point resumes cleanly
     return result
+
+
+#: history.csv's columns ``sampled/<k>`` (per-cluster sampling only): the clients of the round
+#: drawn from cluster k of the clustering the round started from
+SAMPLED = "sampled/"
+
+
+def sampled_columns(assign: np.ndarray | None, clients: np.ndarray) -> dict[str, int]:
+    """``{sampled/<k>: clients drawn from cluster k}`` for every cluster id up to the largest in
+    ``assign`` (0 for an empty one); none without per-cluster sampling (``assign`` None)."""
+    if assign is None:
+        return {}
+    counts = np.bincount(np.asarray(assign)[clients], minlength=int(np.max(assign)) + 1)
+    return {f"{SAMPLED}{k}": int(n) for k, n in enumerate(counts)}
 
 
 def _remove_results(out_dir: Path) -> None:

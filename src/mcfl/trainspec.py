@@ -43,6 +43,7 @@ FILLED: dict[str, Any] = {k: p["default"] for k, p in _PROPS.items() if "default
 class TrainSpec:
     rounds: int
     clients_per_round: int | None
+    clients_per_cluster: int | None
     lr: float
     batch_size: int
     local_epochs: int

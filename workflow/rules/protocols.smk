@@ -1,6 +1,7 @@
-# FeSEM's Table 2 under the paper's and the standard protocol, beside the paper, from every
-# run of this config; the paper-protocol config's finished runs fill their column. And what FeSEM's
-# clusters of writers group by (per-writer image statistics). Nothing is added without `protocols`.
+# FeSEM's Table 2 under the paper's, the authors' code's and the standard protocol, beside the
+# paper, from every run of this config; the paper-protocol and authors' code configs' finished
+# runs fill their columns. And what FeSEM's clusters of writers group by (per-writer image
+# statistics). Nothing is added without `protocols`.
 # Written inside the results directory (<results>/docs/...); `make docs-results` copies them into docs/.
 
 if P.publishing.protocols:
@@ -20,10 +21,11 @@ if P.publishing.protocols:
             reference=P.publishing.protocols["reference"],
             # optional: left out when absent (`:q` renders an empty string as nothing)
             paper=P.publishing.option("--paper-results", P.publishing.protocols["paper_results"]),
+            authors=P.publishing.option("--authors-results", P.publishing.protocols["authors_results"]),
             title=P.publishing.option("--title", P.publishing.protocols["title"]),
         shell:
             "mcfl report-protocols --out {params.out:q} --reference {params.reference:q} "
-            "{params.paper:q} {params.title:q} {params.runs:q} > {log:q} 2>&1"
+            "{params.paper:q} {params.authors:q} {params.title:q} {params.runs:q} > {log:q} 2>&1"
 
 
 if P.publishing.protocols and P.publishing.clustered_runs():

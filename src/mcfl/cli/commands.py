@@ -203,7 +203,8 @@ def _cmd_report_fedcg(a) -> int:
 def _cmd_report_protocols(a) -> int:
     from mcfl.report.protocols import write
 
-    write(a.runs, a.out, paper_results=a.paper_results, reference=a.reference, title=a.title or None)
+    write(a.runs, a.out, paper_results=a.paper_results, reference=a.reference, title=a.title or None,
+          authors_results=a.authors_results)
     return 0
 
 

@@ -247,6 +247,8 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output path without suffix (OUT.csv and OUT.md are written)")
     p.add_argument("--paper-results", help="results directory of the paper-protocol config (its finished "
                                            "runs are shown; absent or empty = 'not run')")
+    p.add_argument("--authors-results", help="results directory of the authors' code config (its finished "
+                                             "runs are shown; absent or empty = 'not run yet')")
     p.add_argument("--reference", default="FedAvg", help="label of the method of the paired comparison")
     p.add_argument("--title", default="", help="the table's heading (empty: FeSEM's Table 2's)")
     p.add_argument("runs", nargs="+", help="run directories (metrics.json, predictions.csv)")

@@ -285,6 +285,19 @@ def _validate(cfg: dict, source: str) -> dict:
                                   f"number of clients of dataset {name!r} ({n} clients); use null "
                                   f"for all clients")
     runs = expand_runs(cfg)
+    from mcfl import algorithms
+
+    for r in runs:                                      # per-cluster sampling: clustered methods only
+        c = r["train"].get("clients_per_cluster")
+        if not c:
+            continue
+        where = f"methods: {r['label']} on {r['dataset']}: train.clients_per_cluster"
+        if not algorithms.get(r["method"]).clustered:
+            raise ConfigError(f"{source}: {where}: {r['method']} has no clusters to sample from; use "
+                              f"clients_per_round")
+        if r["train"].get("clients_per_round") is not None:
+            raise ConfigError(f"{source}: {where}: {c} needs clients_per_round: null beside it (got "
+                              f"{r['train']['clients_per_round']}): a round trains {c} clients of each cluster")
     seen: dict[tuple, int] = {}
     for r in runs:
         key = (r["dataset"], r["run_id"], r["seed"])

@@ -21,10 +21,10 @@ class PublishPlan:
 
     @property
     def protocols(self) -> dict:
-        """The ``protocols`` block with its fallbacks (reference FedAvg, no paper-protocol results,
+        """The ``protocols`` block with its fallbacks (reference FedAvg, no paper-protocol or authors' code results,
         the default title), or ``{}`` when the config has none."""
         p = self.config.get("protocols") or {}
-        return {"reference": "FedAvg", "paper_results": "", "title": "", **p,
+        return {"reference": "FedAvg", "paper_results": "", "authors_results": "", "title": "", **p,
                 "out": self.plan.page(p["out"])} if p else {}
 
     @property

@@ -1,4 +1,4 @@
-"""FeSEM's Table 2 under two protocols, side by side with the paper.
+"""FeSEM's Table 2 under three training protocols, side by side with the paper.
 
 One row per method label (config order), in percent micro accuracy (mean ± std over seeds):
 
@@ -6,6 +6,11 @@ One row per method label (config order), in percent micro accuracy (mean ± std 
 * ``paper_protocol``: our runs of the paper's *training* protocol (a second results directory, e.g.
   ``config/femnist-sample/paper.yaml``'s) scored with the authors' V1 evaluation (``v1/…``
   columns), blank where those runs do not exist (yet);
+* ``authors``: our runs of the authors' code settings (a third results directory, e.g.
+  ``config/femnist-sample/authors.yaml``'s: FeSEM as the authors' recorded command runs it, each
+  baseline with their code's settings), scored with V1 too; blank where those runs do not exist,
+  and the Markdown says "not run yet" in every row while none does (the Markdown has this column
+  only when a results directory is named for it);
 * ``standard``: our runs of this config, standard evaluation (:mod:`mcfl.evaluation`);
 * one column per named evaluation protocol of the same runs (``v1``, ``v2``, ``active`` ...): the
   same trained models scored with the authors' choices, each alone and together;
@@ -13,7 +18,8 @@ One row per method label (config order), in percent micro accuracy (mean ± std 
   protocol, mean ± std over seeds of (this seed's accuracy - the reference's same seed), and the
   exact two-sided sign test over test images (McNemar: the images only one of the two classifies
   correctly, summed over seeds, from the runs' ``predictions.csv``);
-* ``seeds`` and ``machine`` (each run's device and CPU, from its ``metrics.json``).
+* ``seeds`` and ``machine`` (each run's device and CPU, from its ``metrics.json``), and the seeds
+  and machines of the paper-protocol and authors' code columns.
 
 Files: ``<out>.csv`` (numbers) and ``<out>.md`` (the table, the protocol switches, and the machines).
 """
@@ -35,6 +41,9 @@ from mcfl.report.paper import paper_tables
 METRIC = "micro_acc"
 TITLE = "FeSEM's Table 2 on real FEMNIST writers"   # the table's heading unless a config names one
 PAPER_EVAL = "v1"          # the named protocol that scores the paper-protocol runs as the authors did
+AUTHORS_NOTE = ("*Authors' code*: FeSEM as the authors' recorded command trains it (10 local epochs, "
+                "lr 0.003, 2 clients of each cluster a round, 250 rounds, their 248-unit CNN, last-layer "
+                "distance) and each baseline with their code's settings, scored with V1 too")
 
 
 def load(run_dirs: list[str | Path]) -> list[dict]:
@@ -66,8 +75,10 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else np.nan
 
 
-def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg") -> pd.DataFrame:
+def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg",
+          authors_runs: list[dict] | None = None) -> pd.DataFrame:
     """The numbers of the table (one row per method label, config order)."""
+    authors_runs = authors_runs or []
     paper = paper_tables()
     paper = paper[(paper["paper"] == "journal") & (paper["dataset"] == "FEMNIST") & (paper["metric"] == METRIC)]
     paper = dict(zip(paper["method"], zip(paper["value"], paper["std"])))
@@ -82,6 +93,9 @@ def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg") -
         row["paper_protocol_mean"], row["paper_protocol_std"] = _stats(
             [m["final"].get(f"{PAPER_EVAL}/{METRIC}") for m in pp])
         row["paper_protocol_seeds"] = len(pp)
+        ac = [m for m in authors_runs if m["label"] == label]
+        row["authors_mean"], row["authors_std"] = _stats([m["final"].get(f"{PAPER_EVAL}/{METRIC}") for m in ac])
+        row["authors_seeds"] = len(ac)
         row["standard_mean"], row["standard_std"] = _stats([m["final"][METRIC] for m in mine])
         for n in names:
             row[f"{n}_mean"], row[f"{n}_std"] = _stats([m["final"].get(f"{n}/{METRIC}") for m in mine])
@@ -97,6 +111,7 @@ def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg") -
                 row["sign_p"] = sign_test_p(row["only_this"], row["only_ref"])
         row["machine"] = machines(mine)
         row["paper_protocol_machine"] = machines(pp)
+        row["authors_machine"] = machines(ac)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -105,24 +120,39 @@ def _p(p) -> str:
     return "" if pd.isna(p) else (f"{p:.2g}" if p >= 1e-3 else "<0.001")
 
 
-def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -> str:
+def _seeded(r: pd.Series, key: str, absent: str) -> str:
+    """A column's cell: mean ± std and its seed count, or ``absent`` where the row has no run."""
+    n = int(r[f"{key}_seeds"])
+    if not n:
+        return absent
+    return f"{mean_std(r[f'{key}_mean'], r[f'{key}_std'])} ({n} seed{'s' if n > 1 else ''})"
+
+
+def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, authors: bool = False) -> str:
+    """The Markdown page; ``authors``: with the authors' code column (a config that names its results)."""
     ms = lambda r, k: mean_std(r[f"{k}_mean"], r[f"{k}_std"])  # noqa: E731
-    head = ["method", "paper (Table 2)", "ours: paper's protocol", "ours: standard",
+    head = ["method", "paper (Table 2)", "ours: paper's protocol", "ours: authors' code", "ours: standard",
             f"Δ vs {reference} (standard)", f"images only this / only {reference}", "sign test p", "seeds"]
+    if not authors:
+        head.remove("ours: authors' code")
+    authors_ran = t["authors_seeds"].sum() > 0
     rows = []
     for _, r in t.iterrows():
         pp = ms(r, "paper_protocol") or "not run"
         n = int(r["paper_protocol_seeds"])
         pp += f" ({n} seed{'s' if n > 1 else ''})" if n else ""
+        ac = _seeded(r, "authors", "not run" if authors_ran else "not run yet")
         counts = "" if pd.isna(r.get("only_this")) else f"{int(r['only_this'])} / {int(r['only_ref'])}"
         diff = mean_std(r.get("diff_vs_ref_mean"), r.get("diff_vs_ref_std"), sign=True)
         if diff and r["paired_seeds"] < r["seeds"]:     # the reference lacks some of this row's seeds
             diff += f" ({int(r['paired_seeds'])} of {int(r['seeds'])} seeds)"
-        rows.append([r["method"], ms(r, "paper"), pp, ms(r, "standard"), diff,
+        rows.append([r["method"], ms(r, "paper"), pp, *([ac] if authors else []), ms(r, "standard"), diff,
                      counts, _p(r.get("sign_p")), int(r["seeds"])])
     out = [f"# {title}", "",
            "Micro accuracy in percent, mean ± std over seeds. *Paper's protocol*: the paper's training "
-           f"settings, scored with the authors' V1 evaluation (`{PAPER_EVAL}`). *Standard*: every client "
+           f"settings, scored with the authors' V1 evaluation (`{PAPER_EVAL}`). "
+           + (AUTHORS_NOTE + ("" if authors_ran else " (this study has not been run yet)") + ". " if authors else "")
+           + "*Standard*: every client "
            "tested on its own model, no fine-tuning. Δ: paired over seeds against the same seed's "
            f"{reference} (only the seeds both have); the sign test counts the test images only one of the two classifies correctly "
            "(summed over seeds; exact two-sided binomial).", "",
@@ -137,22 +167,27 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str) -
                 markdown_table(["method", "standard"] + [f"`{n}`" for n in names],
                                [[r["method"], ms(r, "standard")] + [ms(r, n) for n in names]
                                 for _, r in t.iterrows()])]
-    out += ["## Machines", "", *machines_section(t, {"standard": "machine", "paper's protocol": "paper_protocol_machine"},
+    out += ["## Machines", "", *machines_section(t, {"standard": "machine", "paper's protocol": "paper_protocol_machine",
+                                                    "authors' code": "authors_machine"},
                                                  lambda r: r["method"]), ""]
     return "\n".join(out)
 
 
 def write(run_dirs: list[str | Path], out: str | Path, *, paper_results: str | Path | None = None,
-          reference: str = "FedAvg", title: str | None = None) -> pd.DataFrame:
-    """Write ``<out>.csv`` and ``<out>.md`` from this config's runs and the paper-protocol runs."""
+          reference: str = "FedAvg", title: str | None = None,
+          authors_results: str | Path | None = None) -> pd.DataFrame:
+    """Write ``<out>.csv`` and ``<out>.md`` from this config's runs, the paper-protocol runs and the
+    authors' code runs (each results directory's finished runs, if any)."""
     runs, paper_runs = load(run_dirs), load(finished(paper_results))
+    authors_runs = load(finished(authors_results))
     if not any(m["label"] == reference for m in runs):
         raise ValueError(f"protocols.reference: no run labelled {reference!r} among the {len(runs)} runs "
                          f"(labels: {sorted({m['label'] for m in runs})})")
-    t = table(runs, paper_runs, reference)
+    t = table(runs, paper_runs, reference, authors_runs)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out.with_suffix(".csv")) as tmp:
         t.round(4).to_csv(tmp, index=False)
-    write_text(out.with_suffix(".md"), to_markdown(t, protocol_names(runs), reference, title or TITLE))
+    write_text(out.with_suffix(".md"), to_markdown(t, protocol_names(runs), reference, title or TITLE,
+                                                   authors=authors_results is not None))
     return t
