@@ -239,6 +239,41 @@ def test_batched_executor_stacks_fedcg_and_matches_sequential(domains_store, mon
         assert ds[key] == pytest.approx(db[key], rel=1e-5), key
 
 
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_projected_path_equals_the_stacked_path(domains_store, monkeypatch, clip):
+    """The batched executor's projected path (the GCN's projection matrices kept as W0 minus lr
+    times the clients' rank-K step history, never materialised; clipping from K x K Gram matrices)
+    gives the stacked path's round (``lowrank=0``: every projection gradient formed and stepped)
+    to float rounding. A bound of 0.5 clips most steps (the weights differ from unclipped ones)."""
+    from mcfl.algorithms import get
+    from mcfl.executors import ProjectedPath
+    from mcfl.federation import build_federation
+
+    taken = []
+    chunk = ProjectedPath._train_chunk_projected
+    monkeypatch.setattr(ProjectedPath, "_train_chunk_projected",
+                        lambda self, *a: taken.append(len(a[0])) or chunk(self, *a))
+    out = {}
+    for lowrank in (0.0, 0.5):
+        run = make_run("digits_domains", "FedCG", dict(K=3, dc_width=4, dc_kernel=3, bottleneck=64, relu=False,
+                                                       residual_init="zero", alpha_init=1.0),
+                       rounds=1, clients_per_round=4, model={"name": "digits_cnn"}, executor="batched",
+                       max_grad_norm=clip)
+        fed = build_federation(load(domains_store), run["model"], run["train"], 0)
+        algo = get("FedCG")(fed, get("FedCG").Params(**run["params"]))
+        algo.fed.trainer.lowrank = lowrank
+        state, diag = algo.round(algo.init(), fed.clients(1), 1)
+        out[lowrank] = state.w, diag
+    assert taken == [4]                                 # one chunk of 4 clients, lowrank > 0 only
+    (ws, ds), (wp, dp) = out[0.0], out[0.5]
+    assert torch.allclose(wp, ws, rtol=1e-5, atol=1e-6), float((wp - ws).abs().max())
+    for key in ("train_loss", "cls_loss", "domain_loss", "alpha_3"):
+        assert dp[key] == pytest.approx(ds[key], rel=1e-5), key
+    w0 = algo.init().w
+    proj = algo.flat.slices["backbone.3.weights.0"]
+    assert not torch.equal(wp[proj], w0[proj])          # the projection trained
+
+
 def test_calibrated_teacher_spreads_pseudo_labels_over_the_domains(domains_store):
     algo, fed = _algo(domains_store)
     shares = []

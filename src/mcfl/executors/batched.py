@@ -52,6 +52,7 @@ from torch.func import functional_call, vmap
 from mcfl.engine import (DeviceData, DivergenceError, FlatModel, LocalResult, LocalSpec,
                          LocalTrainer, Task, clip_coef, n_steps, sgd_step_)
 from mcfl.executors.lowrank import LOWRANK, LowRankPath
+from mcfl.executors.projected import ProjectedPath
 from mcfl.executors.stack import LossCall, auto_chunk, client_ce, forward_macs, running_buffers, stack_parts
 
 log = logging.getLogger("mcfl")
@@ -60,7 +61,7 @@ log = logging.getLogger("mcfl")
 STACKED_CPU_MACS = 1_000_000
 
 
-class BatchedTrainer(LowRankPath, LocalTrainer):
+class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
     """Trains chunks of ``chunk`` clients at once (see the module docstring). ``fallback``: how
     tasks that cannot take the low-rank path train, ``"sequential"`` or ``"stacked"`` (default: the
     faster one on the device: stacked on a GPU, and on a CPU for models of at most
@@ -91,6 +92,8 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
         self._custom = vmap(lambda p, x, y, r, m: functional_call(self._wrap, p, (x, y, r, m)))
         self.fallback = "sequential" if self._unsupported else fallback or self._faster_fallback(data)
         self._said: set[str] = set()
+        self.lowrank = float(lowrank)
+        self._init_projected()
         params = list(model.module.named_parameters())
         self._names = [n for n, _ in params]
         self._trainable = [p.requires_grad for _, p in params]
@@ -99,7 +102,6 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
         self._forward = vmap(lambda p, x: functional_call(model.module, p, (x,)))
         # low-rank path: the children of an nn.Sequential, their own parameter names, a vmapped
         # forward for those with parameters, and which are candidate lazy Linear layers
-        self.lowrank = float(lowrank)
         seq = isinstance(model.module, nn.Sequential)
         self._children = list(model.module) if seq else []
         self._local = [[n for n, _ in c.named_parameters()] for c in self._children]
@@ -274,6 +276,8 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
         lazy = self._lazy_layers(tasks, len(rows) * self.spec.batch_size) if lowrank else []
         if lazy:
             return self._train_chunk_lowrank(tasks, rnd, rows, mask, steps, active, lazy)
+        if not lowrank and self._projected_applies(tasks, len(rows)):
+            return self._train_chunk_projected(tasks, rnd, rows, mask, steps, active)
         spec, dev, P, B = self.spec, self.data.device, self.model.n_params, self.spec.batch_size
         self.model.module.train()
         if self._buffers:                  # constant buffers, shared by the chunk (_run_chunks)
