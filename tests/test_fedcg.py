@@ -169,12 +169,12 @@ def domains_store(tmp_path_factory):
     return prepare("digits_domains", tmp_path_factory.mktemp("data") / "dd", clients=8, seed=0)
 
 
-def _algo(store, rounds=2, **params):
+def _algo(store, rounds=2, executor="sequential", **params):
     from mcfl.algorithms import get
     from mcfl.federation import build_federation
 
     run = make_run("digits_domains", "FedCG", dict(K=3, dc_width=4, dc_kernel=3, bottleneck=64, **params),
-                   rounds=rounds, clients_per_round=4, model={"name": "digits_cnn"})
+                   rounds=rounds, clients_per_round=4, model={"name": "digits_cnn"}, executor=executor)
     fed = build_federation(load(store), run["model"], run["train"], 0)
     cls = get("FedCG")
     return cls(fed, cls.Params(**run["params"])), fed
@@ -272,6 +272,26 @@ def test_projected_path_equals_the_stacked_path(domains_store, monkeypatch, clip
     w0 = algo.init().w
     proj = algo.flat.slices["backbone.3.weights.0"]
     assert not torch.equal(wp[proj], w0[proj])          # the projection trained
+
+
+def test_projected_path_rule(domains_store):
+    """The projected path applies while the history (steps x K rows of each matrix's input and
+    output gradient) holds at most PROJECTED = 3 times the matrices' entries: the digits CNN's last
+    convolution has d = 16 x 32 x 3 x 3 + 32 = 4,640 parameters, bottleneck 64 -> 73, so with K = 3
+    up to S steps where S x 3 x 2 x (4,640 + 73) <= 3 x 2 x 4,640 x 73, i.e. S <= 71; never with
+    a proximal term or with ``lowrank=0``."""
+    from mcfl.engine import Task
+    from mcfl.executors import PROJECTED
+
+    algo, _ = _algo(domains_store, executor="batched")
+    trainer, w0, loss = algo.fed.trainer, algo.fed.w0, algo.objective(algo.init())
+    assert PROJECTED == 3.0
+    assert [m.weights[0].shape for _, m in algo.net.projected_layers()] == [(4640, 73)]
+    task = Task(0, w0, loss=loss)
+    assert trainer._projected_applies([task], 71) and not trainer._projected_applies([task], 72)
+    assert not trainer._projected_applies([Task(0, w0, loss=loss, mu=0.1, anchor=w0)], 1)
+    trainer.lowrank = 0
+    assert not trainer._projected_applies([task], 1)
 
 
 def test_calibrated_teacher_spreads_pseudo_labels_over_the_domains(domains_store):
