@@ -27,8 +27,9 @@ chunk. The choice is logged once per run (logger ``mcfl``, INFO).
 Custom losses (``Task.loss``): one marked ``batchable`` (FedCG's: classification, pseudo-label
 and domain terms) takes ``mask=`` and is vmap-safe, so its tasks train on the fallback path above,
 stacked on a GPU and for small models (on digits_domains' FedCG, 0.7M parameters of which 0.68M
-are the GCN's projection: 1.5 s a round against 2.2-2.5 s sequential, one thread; what is left is
-memory traffic over the per-client projection gradients). A batchable loss with a ``layerwise``
+are the GCN's projection: 1.5 s a round against 2.2-2.5 s sequential, one thread); a model with
+large projection matrices (FedCG's GCN) keeps them as a low-rank history instead of stacking
+them (:mod:`mcfl.executors.projected`, another 1.5-1.7x). A batchable loss with a ``layerwise``
 form (FedMMD's: one loss shared by a round's clients, computed from the layers' outputs of the
 stacked clients) trains like the plain cross-entropy, on the low-rank path where it applies.
 Parameters the model marks ``requires_grad=False`` (FedFusion's frozen global extractor; its loss
@@ -181,7 +182,9 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
                         for t in tasks)
         if not layerwise:                   # a custom loss without a layerwise form: no low-rank path
             if all(getattr(t.loss, "batchable", False) for t in tasks) and not self._unsupported:
-                self._say(f"batched executor: a custom local loss trains on the {self.fallback} path, "
+                projected = (" (its projection matrices as low-rank histories where mcfl.executors.PROJECTED "
+                             "allows)" if self._projected and self.lowrank > 0 and self.fallback == "stacked" else "")
+                self._say(f"batched executor: a custom local loss trains on the {self.fallback} path{projected}, "
                           f"the faster one for this model on {self.model.device.type}")
                 if self.fallback == "stacked":
                     yield from self._run_chunks(tasks, steps, rnd, False)
