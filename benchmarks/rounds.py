@@ -6,6 +6,10 @@ batched executor would save over the whole DAG (every seed; start-up and evaluat
     python benchmarks/rounds.py                       # seed 0 of every (dataset, method) run
     python benchmarks/rounds.py --config config/config.yaml --rounds 5
     python benchmarks/rounds.py --datasets digits_domains     # FedAvg and FedCG only
+    python benchmarks/rounds.py --datasets digits_domains --against stacked
+
+``--against stacked`` times the batched executor against itself with its low-rank paths off
+(``lowrank=0``: every client on the stacked path) instead of against the sequential executor.
 """
 
 from __future__ import annotations
@@ -21,18 +25,28 @@ import torch
 from _common import ROOT, machine
 
 
-def time_runs(run: dict, store: Path, rounds: int) -> dict:
+def time_runs(run: dict, store: Path, rounds: int, against: str = "sequential") -> dict:
     """Both executors on one run, their rounds interleaved (seq r, batched r, seq r+1, ...) so that
-    load changes on a shared machine hit both alike; wall and CPU time per round (medians)."""
+    load changes on a shared machine hit both alike; wall and CPU time per round (medians).
+    ``against="stacked"``: the baseline (key ``sequential``) is the batched executor with
+    ``lowrank=0``."""
+    from dataclasses import replace
+
     from mcfl import algorithms
     from mcfl.data import load
+    from mcfl.executors import BatchedTrainer
     from mcfl.federation import build_federation
     from mcfl.evaluation import evaluate
 
     cls = algorithms.get(run["method"])
     out, algos = {}, {}
     for ex in ("sequential", "batched"):
-        fed = build_federation(load(store), run["model"], {**run["train"], "executor": ex}, run["seed"])
+        base = "batched" if against == "stacked" else ex
+        fed = build_federation(load(store), run["model"], {**run["train"], "executor": base}, run["seed"])
+        if ex == "sequential" and against == "stacked":
+            tr = fed.trainer
+            fed = replace(fed, trainer=BatchedTrainer(fed.model, fed.dev, tr.spec, tr.seed,
+                                                      chunk=None if tr.auto else tr.chunk, lowrank=0))
         algo = cls(fed, cls.Params(**run["params"]))
         t = time.perf_counter()
         state = algo.init()
@@ -57,6 +71,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "config.yaml")
     ap.add_argument("--rounds", type=int, default=5, help="rounds timed per run (median reported)")
     ap.add_argument("--datasets", help="comma-separated datasets of the config (default: all)")
+    ap.add_argument("--against", choices=("sequential", "stacked"), default="sequential",
+                    help="the baseline: the sequential executor, or the batched one with lowrank=0")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from mcfl.config import expand_runs, load_config
@@ -68,7 +84,9 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"--datasets: {', '.join(sorted(unknown))} not in {args.config}")
     runs = [r for r in expand_runs(cfg) if r["dataset"] in chosen]
-    print(f"# per-round time, {args.config.name}, sequential vs batched executor (same process)\n"
+    what = "sequential vs batched executor" if args.against == "sequential" else \
+        "batched executor, lowrank=0 (stacked: 'seq' columns) vs default"
+    print(f"# per-round time, {args.config.name}, {what} (same process)\n"
           f"# {machine(torch.device('cpu'))}")
     print(f"{'':<21} {'wall ms/round':^30} {'CPU ms/round':^26}")
     print(f"{'dataset':<10} {'run':<10} {'seq':>10} {'batched':>10} {'speed-up':>8} "
@@ -83,7 +101,7 @@ def main(argv=None) -> int:
         for run in runs:
             if run["seed"] != first_seed:
                 continue
-            res = time_runs(run, stores[run["dataset"]], args.rounds)
+            res = time_runs(run, stores[run["dataset"]], args.rounds, args.against)
             s, b = res["sequential"], res["batched"]
             n_seeds = len(cfg["seeds"])
             init_saved = s["init_s"] - b["init_s"] if run["needs_centres"] else 0.0

@@ -169,12 +169,12 @@ def domains_store(tmp_path_factory):
     return prepare("digits_domains", tmp_path_factory.mktemp("data") / "dd", clients=8, seed=0)
 
 
-def _algo(store, rounds=2, **params):
+def _algo(store, rounds=2, executor="sequential", **params):
     from mcfl.algorithms import get
     from mcfl.federation import build_federation
 
     run = make_run("digits_domains", "FedCG", dict(K=3, dc_width=4, dc_kernel=3, bottleneck=64, **params),
-                   rounds=rounds, clients_per_round=4, model={"name": "digits_cnn"})
+                   rounds=rounds, clients_per_round=4, model={"name": "digits_cnn"}, executor=executor)
     fed = build_federation(load(store), run["model"], run["train"], 0)
     cls = get("FedCG")
     return cls(fed, cls.Params(**run["params"])), fed
@@ -237,6 +237,71 @@ def test_batched_executor_stacks_fedcg_and_matches_sequential(domains_store, mon
     assert ds["domain_entropy"] == db["domain_entropy"]
     for key in ("train_loss", "cls_loss", "domain_loss", "alpha_3"):
         assert ds[key] == pytest.approx(db[key], rel=1e-5), key
+
+
+ZERO = dict(relu=False, residual_init="zero", alpha_init=1.0)        # the default config's
+CONV = dict(layers="conv", relu=False, alpha_init=1.0)
+DEEP = dict(layers="conv", gcn_layers=2, alpha_init=1.0)
+
+
+@pytest.mark.parametrize("clip, extra", [(None, ZERO), (0.5, ZERO), (0.5, CONV), (None, DEEP)],
+                         ids=["plain", "clip", "conv", "deep"])
+def test_projected_path_equals_the_stacked_path(domains_store, monkeypatch, clip, extra):
+    """The batched executor's projected path (the GCN's projection matrices kept as W0 minus lr
+    times the clients' rank-K step history, never materialised; clipping from K x K Gram matrices)
+    gives the stacked path's round (``lowrank=0``: every projection gradient formed and stepped)
+    to float rounding: the default config's GCN, both convolutions' GCNs (four matrices), and two
+    propagations with a ReLU between them. A bound of 0.5 clips most steps. (Clipping with a ReLU
+    in the GCN is left out: a ReLU's kink turns rounding into different gradients, so there even
+    the stacked and the sequential path differ by up to 2e-4 after one round.)"""
+    from mcfl.algorithms import get
+    from mcfl.executors import ProjectedPath
+    from mcfl.federation import build_federation
+
+    taken = []
+    chunk = ProjectedPath._train_chunk_projected
+    monkeypatch.setattr(ProjectedPath, "_train_chunk_projected",
+                        lambda self, *a: taken.append(len(a[0])) or chunk(self, *a))
+    out = {}
+    for lowrank in (0.0, 0.5):
+        run = make_run("digits_domains", "FedCG", dict(K=3, dc_width=4, dc_kernel=3, bottleneck=64, **extra),
+                       rounds=1, clients_per_round=4, model={"name": "digits_cnn"}, executor="batched",
+                       max_grad_norm=clip)
+        fed = build_federation(load(domains_store), run["model"], run["train"], 0)
+        algo = get("FedCG")(fed, get("FedCG").Params(**run["params"]))
+        algo.fed.trainer.lowrank = lowrank
+        state, diag = algo.round(algo.init(), fed.clients(1), 1)
+        out[lowrank] = state.w, diag
+    assert taken == [4]                                 # one chunk of 4 clients, lowrank > 0 only
+    (ws, ds), (wp, dp) = out[0.0], out[0.5]
+    assert torch.allclose(wp, ws, rtol=1e-5, atol=1e-6), float((wp - ws).abs().max())
+    for key in ("train_loss", "cls_loss", "domain_loss", "alpha_3"):
+        assert dp[key] == pytest.approx(ds[key], rel=1e-5), key
+    w0 = algo.init().w
+    names = [f"{n}.weights.{j}" for n, m in algo.net.projected_layers() for j in range(len(m.weights))]
+    assert len(names) == (2 if extra is ZERO else 4)
+    for name in names:                                  # every projection trained
+        assert not torch.equal(wp[algo.flat.slices[name]], w0[algo.flat.slices[name]]), name
+
+
+def test_projected_path_rule(domains_store):
+    """The projected path applies while the history (steps x K rows of each matrix's input and
+    output gradient) holds at most PROJECTED = 3 times the matrices' entries: the digits CNN's last
+    convolution has d = 16 x 32 x 3 x 3 + 32 = 4,640 parameters, bottleneck 64 -> 73, so with K = 3
+    up to S steps where S x 3 x 2 x (4,640 + 73) <= 3 x 2 x 4,640 x 73, i.e. S <= 71; never with
+    a proximal term or with ``lowrank=0``."""
+    from mcfl.engine import Task
+    from mcfl.executors import PROJECTED
+
+    algo, _ = _algo(domains_store, executor="batched")
+    trainer, w0, loss = algo.fed.trainer, algo.fed.w0, algo.objective(algo.init())
+    assert PROJECTED == 3.0
+    assert [m.weights[0].shape for _, m in algo.net.projected_layers()] == [(4640, 73)]
+    task = Task(0, w0, loss=loss)
+    assert trainer._projected_applies([task], 71) and not trainer._projected_applies([task], 72)
+    assert not trainer._projected_applies([Task(0, w0, loss=loss, mu=0.1, anchor=w0)], 1)
+    trainer.lowrank = 0
+    assert not trainer._projected_applies([task], 1)
 
 
 def test_calibrated_teacher_spreads_pseudo_labels_over_the_domains(domains_store):

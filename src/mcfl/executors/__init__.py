@@ -9,8 +9,9 @@ interface (``run(tasks, rnd)`` yields ``(task, LocalResult)`` one at a time; ``t
   vmapped step for all of them (:mod:`mcfl.executors.batched` says how, and when it pays).
 
 The ``batched`` executor's paths (:mod:`mcfl.executors.batched`): low-rank dense layers
-(:mod:`mcfl.executors.lowrank`) where valid, else the stacked path or the sequential loop, whichever
-is faster for the model on the device; what the paths share is in :mod:`mcfl.executors.stack`.
+(:mod:`mcfl.executors.lowrank`) and low-rank projections (FedCG's GCN, :mod:`mcfl.executors.projected`)
+where valid, else the stacked path or the sequential loop, whichever is faster for the model on
+the device; what the paths share is in :mod:`mcfl.executors.stack`.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from __future__ import annotations
 from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer
 from mcfl.executors.batched import STACKED_CPU_MACS, BatchedTrainer
 from mcfl.executors.lowrank import LOWRANK, LowRankLinear
+from mcfl.executors.projected import PROJECTED, ProjectedPath
 from mcfl.executors.stack import CPU_CHUNK_BYTES, CUDA_CHUNK_FRACTION, auto_chunk, client_ce, forward_macs
 
 __all__ = ["CPU_CHUNK_BYTES", "CUDA_CHUNK_FRACTION", "EXECUTORS", "LOWRANK", "STACKED_CPU_MACS", "BatchedTrainer",
-           "LowRankLinear", "auto_chunk", "client_ce", "forward_macs", "make_trainer", "same_executor"]
+           "LowRankLinear", "PROJECTED", "ProjectedPath", "auto_chunk", "client_ce", "forward_macs", "make_trainer",
+           "same_executor"]
 
 EXECUTORS = ("sequential", "batched")
 

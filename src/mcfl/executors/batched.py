@@ -27,8 +27,9 @@ chunk. The choice is logged once per run (logger ``mcfl``, INFO).
 Custom losses (``Task.loss``): one marked ``batchable`` (FedCG's: classification, pseudo-label
 and domain terms) takes ``mask=`` and is vmap-safe, so its tasks train on the fallback path above,
 stacked on a GPU and for small models (on digits_domains' FedCG, 0.7M parameters of which 0.68M
-are the GCN's projection: 1.5 s a round against 2.2-2.5 s sequential, one thread; what is left is
-memory traffic over the per-client projection gradients). A batchable loss with a ``layerwise``
+are the GCN's projection: 1.5 s a round against 2.2-2.5 s sequential, one thread); a model with
+large projection matrices (FedCG's GCN) keeps them as a low-rank history instead of stacking
+them (:mod:`mcfl.executors.projected`, another 1.5-1.7x). A batchable loss with a ``layerwise``
 form (FedMMD's: one loss shared by a round's clients, computed from the layers' outputs of the
 stacked clients) trains like the plain cross-entropy, on the low-rank path where it applies.
 Parameters the model marks ``requires_grad=False`` (FedFusion's frozen global extractor; its loss
@@ -52,6 +53,7 @@ from torch.func import functional_call, vmap
 from mcfl.engine import (DeviceData, DivergenceError, FlatModel, LocalResult, LocalSpec,
                          LocalTrainer, Task, clip_coef, n_steps, sgd_step_)
 from mcfl.executors.lowrank import LOWRANK, LowRankPath
+from mcfl.executors.projected import ProjectedPath
 from mcfl.executors.stack import LossCall, auto_chunk, client_ce, forward_macs, running_buffers, stack_parts
 
 log = logging.getLogger("mcfl")
@@ -60,7 +62,7 @@ log = logging.getLogger("mcfl")
 STACKED_CPU_MACS = 1_000_000
 
 
-class BatchedTrainer(LowRankPath, LocalTrainer):
+class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
     """Trains chunks of ``chunk`` clients at once (see the module docstring). ``fallback``: how
     tasks that cannot take the low-rank path train, ``"sequential"`` or ``"stacked"`` (default: the
     faster one on the device: stacked on a GPU, and on a CPU for models of at most
@@ -95,6 +97,8 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
         # Linear or convolution stays float32), so the stacked forwards get their parameters and
         # inputs cast to bfloat16 explicitly: the same products as autocast's, whatever the device
         self._half = torch.bfloat16 if spec.precision == "bf16" else None
+        self.lowrank = float(lowrank)
+        self._init_projected()
         params = list(model.module.named_parameters())
         self._names = [n for n, _ in params]
         self._trainable = [p.requires_grad for _, p in params]
@@ -103,7 +107,6 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
         self._forward = vmap(lambda p, x: functional_call(model.module, p, (x,)))
         # low-rank path: the children of an nn.Sequential, their own parameter names, a vmapped
         # forward for those with parameters, and which are candidate lazy Linear layers
-        self.lowrank = float(lowrank)
         seq = isinstance(model.module, nn.Sequential)
         self._children = list(model.module) if seq else []
         self._local = [[n for n, _ in c.named_parameters()] for c in self._children]
@@ -198,7 +201,9 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
                               "precision bf16 (autocast does not reach into torch.func.vmap on every device)")
                     yield from super().run(tasks, rnd)
                     return
-                self._say(f"batched executor: a custom local loss trains on the {self.fallback} path, "
+                projected = (" (its projection matrices as low-rank histories where mcfl.executors.PROJECTED "
+                             "allows)" if self._projected and self.lowrank > 0 and self.fallback == "stacked" else "")
+                self._say(f"batched executor: a custom local loss trains on the {self.fallback} path{projected}, "
                           f"the faster one for this model on {self.model.device.type}")
                 if self.fallback == "stacked":
                     yield from self._run_chunks(tasks, steps, rnd, False)
@@ -295,6 +300,8 @@ class BatchedTrainer(LowRankPath, LocalTrainer):
         lazy = self._lazy_layers(tasks, len(rows) * self.spec.batch_size) if lowrank else []
         if lazy:
             return self._train_chunk_lowrank(tasks, rnd, rows, mask, steps, active, lazy)
+        if not lowrank and self._projected_applies(tasks, len(rows)):
+            return self._train_chunk_projected(tasks, rnd, rows, mask, steps, active)
         spec, dev, P, B = self.spec, self.data.device, self.model.n_params, self.spec.batch_size
         self.model.module.train()
         if self._buffers:                  # constant buffers, shared by the chunk (_run_chunks)

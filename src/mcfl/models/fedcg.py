@@ -170,6 +170,8 @@ class DomainLayer(nn.Module):
         self.gcn_layers = int(gcn_layers)
         self.bottleneck = int(bottleneck)
         self.assign: torch.Tensor | None = None
+        #: theta^ computed by a trainer (for the duration of one forward pass), else None
+        self.given: torch.Tensor | None = None
         self._cache: tuple | None = None
 
     @torch.no_grad()
@@ -201,26 +203,33 @@ class DomainLayer(nn.Module):
             w.copy_(u * c if i == 0 else u.T * c if i == len(self.weights) - 1 else torch.eye(h))
 
     # -- Eq. 5 ----------------------------------------------------------------------------------
-    def gcn(self, x: torch.Tensor) -> torch.Tensor:
-        """X^ = sigma(A X W) (Eq. 5); with gcn_layers = L, L propagations with ReLU between them."""
+    def gcn(self, x: torch.Tensor, project=None) -> torch.Tensor:
+        """X^ = sigma(A X W) (Eq. 5); with gcn_layers = L, L propagations with ReLU between them.
+        ``x``: (K, d), or (n, K, d) for n stacked clients; ``project(j, h)``: h times the j-th
+        matrix of W (default ``h @ self.weights[j]``; the batched executor passes its low-rank
+        products, :mod:`mcfl.executors.projected`)."""
         if not self.use_gcn:
             return x
         a = self.adjacency
+        project = project or (lambda j, h: h @ self.weights[j])
         if len(self.weights) and self.bottleneck > 1 and self.gcn_layers == 1:
-            h = a @ x @ self.weights[0] @ self.weights[1]
+            h = project(1, project(0, a @ x))
         else:
             h = x
             for j in range(self.gcn_layers):
                 h = a @ h
                 if len(self.weights):
-                    h = h @ self.weights[j]
+                    h = project(j, h)
                 if j < self.gcn_layers - 1:
                     h = torch.relu(h)
         return torch.relu(h) if self.relu else h
 
     def domain_parameters(self) -> torch.Tensor:
-        """(K, d) GCN output theta^. Without autograd (inference) it is computed once and reused
-        until any of its inputs changes (the paper's "precompute at inference")."""
+        """(K, d) GCN output theta^ (``given``, when a trainer computed it outside the module, as
+        the batched executor's projected path does). Without autograd (inference) it is computed
+        once and reused until any of its inputs changes (the paper's "precompute at inference")."""
+        if self.given is not None:
+            return self.given
         if torch.is_grad_enabled():
             return self.gcn(self.theta)
         key = (self.theta._version, self.adjacency._version, *(w._version for w in self.weights))
@@ -329,6 +338,11 @@ class FedCGNet(nn.Module):
 
     def domain_layers(self) -> list[tuple[str, DomainLayer]]:
         return [(n, self.backbone.get_submodule(n)) for n in self.layer_names]
+
+    def projected_layers(self) -> list[tuple[str, DomainLayer]]:
+        """The domain layers whose GCN has a projection W, by their name in this module: the
+        batched executor trains W as an implicit low-rank update (:mod:`mcfl.executors.projected`)."""
+        return [(f"backbone.{n}", m) for n, m in self.domain_layers() if m.use_gcn and len(m.weights)]
 
     @torch.no_grad()
     def reset_extras(self, seed: int, alpha: float = 0.0, zero_theta: bool = False) -> None:
