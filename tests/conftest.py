@@ -1,4 +1,5 @@
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -202,16 +203,8 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A mark on a module-level function that is not a test marks nothing: refuse it. Under
-    pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``), the tests of a module that share a
-    module-scoped fixture (a Snakemake run, a Slurm cluster, a built site) go to one worker, so the
-    fixture is made once."""
+    """A mark on a module-level function that is not a test marks nothing: refuse it."""
     import inspect
-
-    for item in items:
-        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-        if any(d.scope == "module" for ds in defs.values() for d in ds):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
     seen = set()
     for item in items:
@@ -224,3 +217,29 @@ def pytest_collection_modifyitems(config, items):
                     and any(m.name == "slow" for m in getattr(obj, "pytestmark", []))):
                 raise pytest.UsageError(f"{mod.__file__}: {name} is not a test but is marked slow; "
                                         "put the mark on the test that needs it")
+
+
+# ------------------------------------------------------------------------------ two workers
+# `make test` runs pytest-xdist with two workers. A test module with a module-scoped fixture (one
+# Snakemake run read by several tests, the Slurm cluster, a built site) goes to one worker whole, so
+# the fixture is made once (and two Slurm clusters never start side by side); every other test is
+# scheduled on its own. Whole modules go first (xdist's scope reordering: most tests first).
+MODULE_FIXTURE = re.compile(r"@pytest\.fixture\(scope=[\"']module[\"']")
+
+
+def shares_a_module_fixture(path: Path) -> bool:
+    return bool(MODULE_FIXTURE.search(path.read_text()))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    whole = {f"tests/{f.name}" for f in (ROOT / "tests").glob("test_*.py") if shares_a_module_fixture(f)}
+
+    class ModulesWithSharedFixtures(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in whole else nodeid
+
+    return ModulesWithSharedFixtures(config, log)
