@@ -12,11 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_study_cost_times_every_run_and_adds_up(tmp_path):
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     digits = cfg["datasets"]["digits"]

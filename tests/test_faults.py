@@ -131,6 +131,7 @@ class _DieAt(Tracker):
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_foreign_or_corrupt_checkpoint_is_ignored(digits_store, tmp_path, caplog):
     run = make_run(rounds=2, checkpoint_every=1)
     ref = train(run, digits_store, tmp_path / "ref", progress=False)
@@ -173,6 +174,7 @@ def test_a_checkpoint_puts_models_on_the_run_device_and_indices_on_the_cpu(metho
         assert v.shape == state[k].shape and v.dtype == state[k].dtype, k
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_another_cpu_or_torch_resumes_with_a_warning(digits_store, tmp_path,
                                                                          caplog, monkeypatch):
     run = make_run(rounds=3, checkpoint_every=1)
@@ -349,6 +351,7 @@ def test_resume_whose_mlflow_run_was_deleted_records_a_new_run(digits_store, tmp
     assert [m.step for m in client.get_metric_history(new.info.run_id, "train_loss")] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_resumed_mlflow_run_records_each_round_once(digits_store, tmp_path, mlflow_uri):
     """A job killed after MLflow already holds rounds beyond its checkpoint: the resumed job
     continues the same MLflow run without recording any round twice."""

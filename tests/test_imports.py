@@ -41,7 +41,7 @@ def test_modules_of_a_training_job_import_none_of_them():
     assert set(p.stdout.split()) & set(NOT_IN_TRAIN) == set()
 
 
-@pytest.mark.parametrize("method", ["FedAvg", "FeSEM"])
+@pytest.mark.parametrize("method", ["FedAvg", pytest.param("FeSEM", marks=pytest.mark.slow)])
 def test_a_training_job_imports_none_of_them(digits_store, tmp_path, method):
     params = small_params(method)
     run = make_run(method=method, params=params, rounds=1)

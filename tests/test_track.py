@@ -24,6 +24,7 @@ def _record(client, run_id):
     return r.data.params, {k: v for k, v in r.data.tags.items() if k not in skip}, metrics, arts, r.info.status
 
 
+@pytest.mark.slow
 def test_deferred_record_equals_live_tracking_and_is_not_repeated(digits_store, tmp_path, mlflow_uri):
     from mlflow import MlflowClient
 
