@@ -90,6 +90,8 @@ docs-serve: setup
 # (docs/tools/sync_results.py says what goes where).
 docs-results: setup
 	$(BIN)/python docs/tools/sync_results.py --results results
+	test ! -d results/benchmarks || $(BIN)/python benchmarks/workflow_stages.py --results results \
+	  --md docs/results/default-stages.md
 
 # Regenerate requirements.lock from pyproject.toml, keeping every pin it already has unless a range
 # excludes it (uv, installed into .venv on first use). Upgrade one package with UV_ARGS='-P name'.

@@ -10,6 +10,11 @@ The newest Snakemake log that reports an elapsed time gives the whole DAG's wall
 
     python benchmarks/workflow_stages.py                  # results/ and .snakemake/log of this checkout
     python benchmarks/workflow_stages.py --results /path/to/results --logs /path/to/.snakemake/log
+    python benchmarks/workflow_stages.py --md docs/results/default-stages.md   # also as a page table
+
+``--md`` writes the stage table and the training jobs summed per dataset as Markdown, with the
+machine and commit of the ``make reproduce`` that made them (``logs/reproduce.json``);
+``make docs-results`` runs it for the docs' Performance page.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--logs", type=Path, default=ROOT / ".snakemake" / "log")
+    ap.add_argument("--md", type=Path, help="also write the tables as Markdown to this file")
+    ap.add_argument("--record", type=Path, default=ROOT / "logs" / "reproduce.json",
+                    help="make reproduce's record, for the Markdown's machine line")
     args = ap.parse_args(argv)
     df = read_benchmarks(args.results)
     if df.empty:
@@ -85,7 +93,28 @@ def main(argv=None) -> int:
     wall = dag_wall(args.logs)
     if wall:
         print(f"\nwhole DAG ({wall[1]}): {wall[0]:.0f} s wall")
+    if args.md:
+        write_md(args.md, df, train, args.record)
+        print(f"-> {args.md}")
     return 0
+
+
+def write_md(out: Path, df: pd.DataFrame, train: pd.DataFrame, record: Path) -> None:
+    """The stage table, and the training jobs summed per dataset, as Markdown."""
+    lines = ["| stage | jobs | job wall sum s | largest job s | peak RSS MB |", "|---|---|---|---|---|"]
+    for stage, g in df.groupby("stage", sort=False):
+        lines.append(f"| {stage} | {len(g)} | {g.s.sum():,.0f} | {g.s.max():.0f} | {g.max_rss_mb.max():,.0f} |")
+    if "loop_s" in train:
+        lines += ["", "| training jobs of | jobs | job wall sum s | of which training loops s |", "|---|---|---|---|"]
+        for d, g in train.groupby("dataset", sort=False):
+            lines.append(f"| {d} | {len(g)} | {g.s.sum():,.0f} | {g.loop_s.sum():,.0f} |")
+    line = "*Written by `benchmarks/workflow_stages.py --md` from `results/benchmarks/`"
+    if record.is_file():
+        r = json.loads(record.read_text())
+        line += (f" of the `make reproduce` of {r['started']} (git {r['git']}; {r['cpu']}, "
+                 f"{r['cores']} cores; DAG {r['dag_s']:,.0f} s)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n\n" + line + ".*\n")
 
 
 if __name__ == "__main__":
