@@ -6,6 +6,7 @@ every config with ``eval_protocols`` failed before timing anything)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -79,3 +80,34 @@ def test_benchmarks_hold_speed_and_memory_and_every_study_is_listed_and_starts()
                        text=True, env=env, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("ok ") == len(studies)
+
+
+def test_gpu_plan_prices_a_run_from_an_archived_run_of_its_label(tmp_path, monkeypatch):
+    """benchmarks/gpu_plan.py by hand: an archived FedAvg GPU run that trained 10 clients x 8 steps
+    (synthetic: 80 training samples a client, batch 10) in 1 s a round and scored 2,000 test samples
+    in 2 s prices a FedAvg run of 20 clients a round, 30 rounds, evaluated 3 times, at
+    30 x 2 s + 3 x 2 s = 66 s."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_plan
+
+    data = {"source": "synthetic", "clients": 100, "seed": 1}
+    train = {"rounds": 10, "clients_per_round": 10, "local_epochs": 1, "batch_size": 10, "eval_every": 5,
+             "lr": 0.1}
+    run = {"label": "FedAvg", "model": {"name": "logreg"}, "data": data, "train": train, "params": {}}
+    d = tmp_path / "runs" / "FedAvg" / "seed0"
+    d.mkdir(parents=True)
+    (d / "metrics.json").write_text(json.dumps({"device": "cuda", "device_name": "GPU X", "label": "FedAvg",
+                                                "rounds": 10, "config": run,
+                                                "time_s": {"local": 10.0, "eval": 4.0, "aggregate": 0.1}}))
+    runs = gpu_plan.archived(tmp_path / "runs")
+    assert [(r["steps"], r["local_s"], r["eval_s"], r["n_test"]) for r in runs] == [(80, 1.0, 2.0, 2000)]
+    cfg = tmp_path / "study.yaml"
+    cfg.write_text(yaml.safe_dump({"seeds": [0], "datasets": {"s": {
+        "prepare": data, "model": {"name": "logreg"},
+        "train": {**train, "rounds": 30, "clients_per_round": 20, "eval_every": 10}}},
+        "methods": [{"method": "FedAvg"}]}))
+    by_label = {"FedAvg": runs}
+    n, fitted, seconds = gpu_plan.price([str(cfg)], {"a": 0.0, "b": 0.0, "d": 0.0}, by_label)
+    assert (n, fitted) == (1, 0) and seconds == pytest.approx(66.0)
+    n, fitted, seconds = gpu_plan.price([str(cfg)], {"a": 0.5, "b": 0.01, "d": 0.0}, {})   # no such label
+    assert fitted == 1 and seconds == pytest.approx(30 * (0.5 + 0.01 * 160))
