@@ -71,7 +71,7 @@ TEST_WORKERS ?= 2
 XDIST := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 
 test: setup
-	$(BIN)/python -m pytest -q $(XDIST)
+	$(BIN)/python -m pytest -q --durations=25 $(XDIST)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" $(XDIST)
