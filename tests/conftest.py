@@ -10,6 +10,16 @@ ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test starts on one PyTorch thread, as this file sets it: a test that runs ``mcfl train``
+    in-process (default ``--threads``: every core) must not leave the rest of its worker's tests on
+    two threads beside the other worker."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 def real_data(name: str) -> tuple[Path, pytest.MarkDecorator]:
     """A real-data folder ``$MCFL_REAL_DATA/<name>`` (LEAF's FEMNIST sample ``femnist-leaf-sample``,
     the CelebA sample ``celeba-sample``) and a mark that skips, saying why, when it is absent: a

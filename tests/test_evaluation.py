@@ -140,6 +140,7 @@ def test_protocol_switches_are_checked():
         Protocol(clients="some")
 
 
+@pytest.mark.slow
 def test_a_run_records_each_protocol_on_the_same_model(digits_store, tmp_path):
     """Fine-tuning as a protocol equals the standard evaluation with finetune_epochs, and the
     protocol columns sit beside the standard ones in history.csv and metrics.json."""

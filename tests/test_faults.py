@@ -839,7 +839,7 @@ def _drop_meta_key(store: Path, key: str) -> None:
 
 def _cli_train(run, store, out, *extra) -> int:
     return cli.main(["train", "--run", json.dumps(run), "--store", str(store), "--out", str(out),
-                     "--no-tracking", "--no-progress", *extra])
+                     "--no-tracking", "--no-progress", "--threads", "1", *extra])
 
 
 @pytest.mark.parametrize("damage, message", [c[1:] for c in STORE_FAULTS], ids=[c[0] for c in STORE_FAULTS])
@@ -1077,7 +1077,7 @@ def test_tracking_store_faults_are_one_line_and_defer_trains_on(uri, message, de
         monkeypatch.setenv("MCFL_TRACKING_UNREACHABLE", "defer")
     with caplog.at_level(logging.WARNING, "mcfl"):
         code = cli.main(["train", "--run", _run_json(), "--store", str(digits_store), "--out",
-                         str(tmp_path / "out"), "--tracking", "--no-progress"])
+                         str(tmp_path / "out"), "--tracking", "--no-progress", "--threads", "1"])
     err = capsys.readouterr().err
     message = _fill(message, {k: re.escape(v) for k, v in fill.items()})
     if not defer:
@@ -1139,6 +1139,7 @@ def test_every_value_in_a_shell_command_is_quoted(path):
     assert fields or path.name in ("common.smk",) or "shell:" not in path.read_text()
 
 
+@pytest.mark.slow
 def test_config_paths_with_spaces_and_semicolons_stay_one_word(tmp_path, cli_env):
     """`snakemake -n -p` with results, experiment and figure titles holding a space, a `;`, quotes
     and `$(...)`: every printed command still parses with each of them inside one word."""
