@@ -45,7 +45,7 @@ dvc-lock: setup
 # config/femnist-sample.yaml (FeSEM's Table 2 on the embedded writers) or that base with one overlay
 # of config/femnist-sample/ merged over it; fesem-digits-variants is a config of its own.
 SNAKE_STUDY := $(BIN)/snakemake --cores $(CORES) --rerun-incomplete --configfile
-FEMNIST_OVERLAYS := paper authors tune fedgsp fedcg variants switches h248
+FEMNIST_OVERLAYS := paper authors tune fedgsp fedcg variants switches h248 bf16 tf32
 
 femnist-sample: setup
 	$(SNAKE_STUDY) config/femnist-sample.yaml

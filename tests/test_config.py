@@ -204,3 +204,14 @@ def test_every_shipped_fedcg_run_builds_its_network(name):
         with torch.device("meta"):                     # shapes only: no memory for the projections
             backbone = build(model.pop("name"), shape, classes, **model)
             FedCG.network(backbone, shape, FedCG.Params(**run["params"]))
+
+
+def test_command_line_values_read_yaml_words():
+    """``snakemake --config tracking=false`` means what ``tracking: false`` means in a file (Snakemake
+    itself only turns ``True``/``False`` into booleans); other strings stay as they are."""
+    from mcfl.config import command_line_values
+
+    got = command_line_values({"tracking": "false", "results": "results-x", "device": "cuda",
+                               "nested": {"a": "true", "b": ["null", "3"]}})
+    assert got == {"tracking": False, "results": "results-x", "device": "cuda",
+                   "nested": {"a": True, "b": [None, "3"]}}

@@ -114,6 +114,16 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def state_on(state: dict, device: Any) -> dict:
+    """A saved algorithm state where ``init()`` would have made it, whichever device wrote it:
+    float tensors (models, centres) on ``device``, index tensors (assignments, groups) on the CPU,
+    where the algorithms read them with ``.numpy()``."""
+    import torch
+
+    return {k: v.to(device) if torch.is_tensor(v) and v.is_floating_point() else v
+            for k, v in state.items()}
+
+
 def load_tensors(path: str | os.PathLike, what: str, map_location: Any = "cpu") -> Any:
     """``torch.load(path, weights_only=True)`` whose every failure is one ValueError naming the
     file (an OSError stays one): a pickle of anything but tensors, numbers and containers is

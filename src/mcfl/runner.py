@@ -56,8 +56,8 @@ from mcfl.divergence import COLUMN as DIVERGED, DivergenceWatch, summary as dive
 from mcfl.errors import REMEDY, DivergenceError
 from mcfl.evaluation import RoundCache, evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
-from mcfl.io import (OUTPUTS, config_hash, csv_text, git_revision, remove_stale_temps, rows_csv, write_bytes,
-                     write_json)
+from mcfl.io import (OUTPUTS, config_hash, csv_text, git_revision, remove_stale_temps, rows_csv, state_on,
+                     write_bytes, write_json)
 from mcfl.precision import precision_ran
 from mcfl.timing import COLUMNS as TIME_COLUMNS, LocalClock
 from mcfl.track import NullTracker
@@ -99,14 +99,6 @@ def _torch_save(path: Path, obj) -> None:
     write_bytes(path, buf.getvalue())
 
 
-def _to_device(state: dict, device) -> dict:
-    """A checkpoint's state where ``init()`` would have made it, whichever device wrote it: models
-    and other float tensors on the run's device, index tensors (assignments, groups) on the CPU,
-    where the algorithms read them with ``.numpy()``."""
-    return {k: v.to(device) if torch.is_tensor(v) and v.is_floating_point() else v
-            for k, v in state.items()}
-
-
 def _load_checkpoint(path: Path | None, algo, identity: dict, device, rounds: int) -> dict | None:
     """The checkpoint at ``path`` if it belongs to this run (same config and data), else None.
     A file that is no checkpoint, or one of another configuration, is ignored with a warning; one
@@ -126,7 +118,7 @@ def _load_checkpoint(path: Path | None, algo, identity: dict, device, rounds: in
         return None
     check_checkpoint(path, ck, rounds)
     try:
-        ck["state"] = algo.load_state(_to_device(ck["state"], device))
+        ck["state"] = algo.load_state(state_on(ck["state"], device))
     except Exception as e:  # noqa: BLE001 - written by an incompatible version of the method
         log.warning("%s: cannot resume from it (%s); starting afresh", path, e)
         return None

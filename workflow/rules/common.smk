@@ -14,7 +14,7 @@ import time
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import update_config
 
-from mcfl.config import ConfigError, name_defaults, read_configs, validate
+from mcfl.config import ConfigError, command_line_values, name_defaults, read_configs, validate
 from mcfl.data.store import FORMAT as STORE_FORMAT  # a param of the rules that write stores
 from mcfl.plan import Plan
 
@@ -24,7 +24,7 @@ try:
     # refused), and that reading replaces Snakemake's, with `--config KEY=VALUE` on top;
     # `results`/`experiment` left out are named after the last config file.
     _merged = read_configs(workflow.configfiles)
-    update_config(_merged, copy.deepcopy(dict(workflow.config_settings.config or {})))
+    update_config(_merged, command_line_values(copy.deepcopy(dict(workflow.config_settings.config or {}))))
     config.clear()
     config.update(_merged)
     if workflow.configfiles:

@@ -23,7 +23,7 @@ import torch
 from mcfl import algorithms
 from mcfl.data.store import FederatedData, load
 from mcfl.federation import build_federation
-from mcfl.io import load_tensors
+from mcfl.io import load_tensors, state_on
 from mcfl.streams import FIGURE_CLIENTS, derive_seed
 
 
@@ -74,11 +74,11 @@ def cluster_snapshot(run: dict, store: str | Path, state_path: str | Path, *, n_
     fed = build_federation(data, run["model"], run["train"], run["seed"], device)
     params = cls.Params(**run["params"])
     algo = cls(fed, params)
-    saved = load_tensors(state_path, "a run's state.pt", fed.device)
+    saved = load_tensors(state_path, "a run's state.pt")
     if not isinstance(saved, dict) or not saved:
         raise ValueError(f"{state_path}: holds no state (written for an unclustered run)")
     try:
-        state = algo.load_state(saved)
+        state = algo.load_state(state_on(saved, fed.device))
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:
         raise ValueError(f"{state_path}: not a state of {run['method']} ({type(e).__name__}: {e})") from None
     assign = np.asarray(algo.assignments(state))

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mcfl.config.files import ConfigError, merge, name_defaults, read_configs, read_yaml
+from mcfl.config.files import ConfigError, command_line_values, merge, name_defaults, read_configs, read_yaml
 from mcfl.config.run_arg import parse_run
 from mcfl.config.validate import SCHEMA_PATH, SECTIONS, _schema, expand_runs, method_params, n_clients, validate
 
-__all__ = ["ConfigError", "SCHEMA_PATH", "SECTIONS", "_schema", "expand_runs", "load_config", "merge", "method_params",
-           "n_clients", "name_defaults", "parse_run", "read_configs", "read_yaml", "validate"]
+__all__ = ["ConfigError", "SCHEMA_PATH", "SECTIONS", "_schema", "command_line_values", "expand_runs", "load_config",
+           "merge", "method_params", "n_clients", "name_defaults", "parse_run", "read_configs", "read_yaml", "validate"]
 
 
 def load_config(*paths: str | Path) -> dict:

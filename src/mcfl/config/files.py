@@ -182,3 +182,16 @@ def read_configs(paths) -> dict:
     return cfg
 
 
+
+
+_WORDS = {"true": True, "false": False, "null": None, "~": None}
+
+
+def command_line_values(values: Any) -> Any:
+    """Snakemake's ``--config KEY=VALUE`` values as a YAML file would give them: Snakemake reads
+    ``True``/``False`` as booleans but leaves YAML's ``true``, ``false`` and ``null`` strings."""
+    if isinstance(values, dict):
+        return {k: command_line_values(v) for k, v in values.items()}
+    if isinstance(values, list):
+        return [command_line_values(v) for v in values]
+    return _WORDS.get(values, values) if isinstance(values, str) else values
