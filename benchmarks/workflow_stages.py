@@ -11,6 +11,8 @@ The newest Snakemake log that reports an elapsed time gives the whole DAG's wall
     python benchmarks/workflow_stages.py                  # results/ and .snakemake/log of this checkout
     python benchmarks/workflow_stages.py --results /path/to/results --logs /path/to/.snakemake/log
     python benchmarks/workflow_stages.py --md docs/results/default-stages.md   # also as a page table
+    python benchmarks/workflow_stages.py --results docs/results/archived-runs/results-femnist-sample \
+        --logs docs/results/archived-runs/results-femnist-sample --md docs/results/femnist-sample-gpu-stages.md
 
 ``--md`` writes the stage table and the training jobs summed per dataset as Markdown, with the
 machine and commit of the ``make reproduce`` that made them (``logs/reproduce.json``);
@@ -49,12 +51,18 @@ def dag_wall(logs: Path) -> tuple[float, str] | None:
     return None
 
 
+def runs_dir(res: Path) -> Path:
+    """A results directory's ``runs/``, or the directory itself for an archived copy of one
+    (``docs/results/archived-runs/<results>/``, which keeps the runs without ``runs/``)."""
+    return res / "runs" if (res / "runs").is_dir() else res
+
+
 def loop_seconds(res: Path, job: str) -> float:
     """The training loops' seconds of a training job: its run's ``wall_s``, or for a job that trained
     every seed of a run in one process (``<dataset>/<run>/seeds``, ``seeds_per_job: all``) the sum
     over its seeds' runs. NaN where a run has no metrics.json."""
-    runs = sorted((res / "runs" / job[:-len("/seeds")]).glob("seed*")) if job.endswith("/seeds") \
-        else [res / "runs" / job]
+    runs = sorted((runs_dir(res) / job[:-len("/seeds")]).glob("seed*")) if job.endswith("/seeds") \
+        else [runs_dir(res) / job]
     files = [r / "metrics.json" for r in runs]
     if not files or not all(f.is_file() for f in files):
         return float("nan")
@@ -94,13 +102,23 @@ def main(argv=None) -> int:
     if wall:
         print(f"\nwhole DAG ({wall[1]}): {wall[0]:.0f} s wall")
     if args.md:
-        write_md(args.md, df, train, args.record)
+        write_md(args.md, df, train, args.record, args.results, wall)
         print(f"-> {args.md}")
     return 0
 
 
-def write_md(out: Path, df: pd.DataFrame, train: pd.DataFrame, record: Path) -> None:
-    """The stage table, and the training jobs summed per dataset, as Markdown."""
+def machine_of(res: Path) -> str | None:
+    """The device the results directory's runs trained on, from a run's ``metrics.json``."""
+    for f in sorted(runs_dir(res).glob("*/*/seed*/metrics.json"))[:1]:
+        m = json.loads(f.read_text())
+        return f"{m.get('device_name') or m.get('device')}, {m.get('cpu', '')} CPU, torch {m.get('torch')}"
+    return None
+
+
+def write_md(out: Path, df: pd.DataFrame, train: pd.DataFrame, record: Path, res: Path = ROOT / "results",
+             wall: tuple[float, str] | None = None) -> None:
+    """The stage table, and the training jobs summed per dataset, as Markdown; the machine line
+    from ``make reproduce``'s record for the default results, else from the runs' own metrics."""
     lines = ["| stage | jobs | job wall sum s | largest job s | peak RSS MB |", "|---|---|---|---|---|"]
     for stage, g in df.groupby("stage", sort=False):
         lines.append(f"| {stage} | {len(g)} | {g.s.sum():,.0f} | {g.s.max():.0f} | {g.max_rss_mb.max():,.0f} |")
@@ -108,8 +126,11 @@ def write_md(out: Path, df: pd.DataFrame, train: pd.DataFrame, record: Path) -> 
         lines += ["", "| training jobs of | jobs | job wall sum s | of which training loops s |", "|---|---|---|---|"]
         for d, g in train.groupby("dataset", sort=False):
             lines.append(f"| {d} | {len(g)} | {g.s.sum():,.0f} | {g.loop_s.sum():,.0f} |")
-    line = "*Written by `benchmarks/workflow_stages.py --md` from `results/benchmarks/`"
-    if record.is_file():
+    line = f"*Written by `benchmarks/workflow_stages.py --md` from `{res.name}/benchmarks/`"
+    if res.resolve() != (ROOT / "results").resolve():
+        line += f" ({machine_of(res) or 'machine unknown'}"
+        line += f"; whole DAG {wall[0]:,.0f} s wall)" if wall else ")"
+    elif record.is_file():
         r = json.loads(record.read_text())
         line += (f" of the `make reproduce` of {r['started']} (git {r['git']}; {r['cpu']}, "
                  f"{r['cores']} cores; DAG {r['dag_s']:,.0f} s)")

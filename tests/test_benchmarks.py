@@ -111,3 +111,33 @@ def test_gpu_plan_prices_a_run_from_an_archived_run_of_its_label(tmp_path, monke
     assert (n, fitted) == (1, 0) and seconds == pytest.approx(66.0)
     n, fitted, seconds = gpu_plan.price([str(cfg)], {"a": 0.5, "b": 0.01, "d": 0.0}, {})   # no such label
     assert fitted == 1 and seconds == pytest.approx(30 * (0.5 + 0.01 * 160))
+
+
+def _run(root: Path, label: str, seed: int, y, pred, precision: str = "fp32") -> None:
+    d = root / "femnist_sample" / label / f"seed{seed}"
+    d.mkdir(parents=True)
+    (d / "metrics.json").write_text(json.dumps({"dataset": "femnist_sample", "label": label, "seed": seed,
+                                                "precision": precision, "device_name": "GPU X"}))
+    (d / "predictions.csv").write_text("client,y,pred\n" + "".join(f"c,{a},{b}\n" for a, b in zip(y, pred)))
+
+
+def test_precision_accuracy_pairs_each_run_with_its_fp32_twin(tmp_path, monkeypatch):
+    """benchmarks/precision_accuracy.py by hand: 4 test images, fp32 right on images 0 and 1, bf16 on
+    0, 2 and 3 (seed 0); seed 1 both right on all four. Accuracy 75 and 100 (mean 87.5) against 50
+    and 100; Δ +25 and 0; images only bf16 / only fp32: 2 / 1; sign test p = 1.0 (3 discordant)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import precision_accuracy as pa
+
+    y = [1, 2, 3, 4]
+    _run(tmp_path / "fp32", "FedAvg", 0, y, [1, 2, 0, 0])
+    _run(tmp_path / "bf16", "FedAvg", 0, y, [1, 0, 3, 4], "bf16 (autocast)")
+    _run(tmp_path / "fp32", "FedAvg", 1, y, y)
+    _run(tmp_path / "bf16", "FedAvg", 1, y, y, "bf16 (autocast)")
+    _run(tmp_path / "bf16", "FeSEM(2)", 0, y, y, "bf16 (autocast)")      # no fp32 twin: left out
+    [row] = pa.compare(pa.runs(tmp_path / "fp32"), pa.runs(tmp_path / "bf16"))
+    assert (row["method"], row["precision"], row["seeds"]) == ("FedAvg", "bf16 (autocast)", 2)
+    assert row["acc"][0] == pytest.approx(87.5) and row["fp32"][0] == pytest.approx(75.0)
+    assert row["delta"][0] == pytest.approx(12.5) and row["only"] == (2, 1)
+    assert row["p"] == pytest.approx(1.0)
+    assert "| FedAvg | bf16 (autocast) | 87.5 ± 17.7 | 75.0 ± 35.4 | +12.5 ± 17.7 | 2 / 1 | 1 | 2 | GPU X |" \
+        in pa.table([row])
