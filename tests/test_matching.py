@@ -1,5 +1,6 @@
 """Neuron matching (FeSEM-MA's M-step): permuted copies of a network average back to the network."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -98,3 +99,29 @@ def test_plan_rejects_unsupported_layers():
 
     with pytest.raises(ValueError, match="not supported"):
         matching.plan(FlatModel(nn.Sequential(nn.Linear(3, 3), Odd(), nn.Linear(3, 2))))
+
+
+def test_assignment_takes_the_identity_only_where_it_is_the_unique_optimum():
+    """The shortcut returns the identity exactly when every row's diagonal is strictly its
+    smallest entry, and then the Hungarian method agrees; a tie or a cheaper swap goes to the
+    Hungarian method. Checked against scipy on near-identity and shuffled cost matrices."""
+    from scipy.optimize import linear_sum_assignment
+
+    gen = torch.Generator().manual_seed(3)
+    seen = set()
+    for trial in range(200):
+        n = 2 + trial % 9
+        x = torch.randn(n, 4, generator=gen, dtype=torch.float64)
+        y = x + (0.05 if trial % 2 else 1.5) * torch.randn(n, 4, generator=gen, dtype=torch.float64)
+        cost = torch.cdist(x, y) ** 2
+        want = linear_sum_assignment(cost.numpy())[1]
+        got = matching.assignment(cost)
+        diag_strict = all(cost[i, i] < torch.cat([cost[i, :i], cost[i, i + 1:]]).min() for i in range(n))
+        assert (got is None) == diag_strict
+        seen.add(diag_strict)
+        assert (np.arange(n) if got is None else got.numpy()).tolist() == want.tolist()
+    assert seen == {True, False}                       # both branches ran
+    tie = torch.tensor([[1.0, 1.0], [2.0, 0.5]], dtype=torch.float64)   # row 0: diagonal ties
+    assert matching.assignment(tie) is not None
+    swap = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    assert matching.assignment(swap).tolist() == [1, 0]

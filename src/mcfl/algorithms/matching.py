@@ -10,8 +10,10 @@ different indices, and averaging them index by index mixes unrelated neurons.
 :func:`align` permutes a model, layer by layer from the input, so that each hidden layer's units
 match a reference model's: the permutation minimising the summed squared Euclidean distance
 between matched units' incoming weight vectors (weights, bias, BatchNorm scale and shift), found by
-the Hungarian method (scipy's ``linear_sum_assignment``). Each layer's permutation is carried into
-the next layer's inputs before that layer is matched. The output layer is not permuted.
+the Hungarian method (scipy's ``linear_sum_assignment``). Where every unit of the reference is
+strictly nearest to the unit at its own index, the identity is the one optimum and is taken without
+the Hungarian method (:func:`assignment`; the same permutation, found in O(n^2) instead of O(n^3)).
+Each layer's permutation is carried into the next layer's inputs before that layer is matched. The output layer is not permuted.
 :func:`matched_average` aligns every model to the reference, averages, and optionally repeats with
 the average as the new reference.
 
@@ -95,16 +97,32 @@ def permute(w: torch.Tensor, h: Hidden, perm: torch.Tensor) -> None:
     w[s] = t[:, perm].reshape(-1)
 
 
+def assignment(cost: torch.Tensor) -> torch.Tensor | None:
+    """The permutation ``col`` minimising ``sum_i cost[i, col[i]]``, or None for the identity.
+
+    The identity is returned without the Hungarian method when each row's diagonal entry is
+    strictly its smallest: then the identity's cost is the sum of the row minima, a lower bound
+    on every assignment, and any other permutation takes a larger entry in some row, so the
+    identity is the unique optimum, the one the Hungarian method would return too."""
+    from scipy.optimize import linear_sum_assignment
+
+    n = cost.shape[0]
+    others = cost + torch.diag(torch.full((n,), float("inf"), dtype=cost.dtype, device=cost.device))
+    if bool((cost.diagonal() < others.min(dim=1).values).all()):
+        return None
+    _, col = linear_sum_assignment(cost.cpu().numpy())
+    return torch.from_numpy(np.asarray(col, dtype=np.int64)).to(cost.device)
+
+
 def align(w: torch.Tensor, reference: torch.Tensor, layers: list[Hidden]) -> torch.Tensor:
     """A copy of ``w`` with every hidden layer's units matched to ``reference``'s (Hungarian
     matching on squared distance of incoming weights, layer by layer from the input)."""
-    from scipy.optimize import linear_sum_assignment
-
     w = w.clone()
     for h in layers:
         cost = torch.cdist(_features(reference, h).double(), _features(w, h).double()) ** 2
-        _, col = linear_sum_assignment(cost.cpu().numpy())
-        permute(w, h, torch.from_numpy(np.asarray(col, dtype=np.int64)).to(w.device))
+        perm = assignment(cost)
+        if perm is not None:
+            permute(w, h, perm.to(w.device))
     return w
 
 
