@@ -248,8 +248,9 @@ def shares_a_module_fixture(path: Path) -> bool:
 
 def scope_weights(tests: Path) -> dict[str, float]:
     """A rough length of each test module (``tests/test_x.py``) and slow test
-    (``tests/test_x.py::test_y``), from the marks in the source: a slow test 1, a module of the
-    Slurm suite 100 (it runs one long sweep); what is not listed counts 0."""
+    (``tests/test_x.py::test_y``), from the marks in the source: a slow test 1, a module its slow
+    tests and a half (when it goes whole, its fast tests go before the single fast ones), a module
+    of the Slurm suite 100 (it runs one long sweep); what is not listed counts 0."""
     weights = {}
     for f in sorted(tests.glob("test_*.py")):
         text, module = f.read_text(), f"tests/{f.name}"
@@ -257,7 +258,7 @@ def scope_weights(tests: Path) -> dict[str, float]:
         if SLOW_MODULE.search(text):
             names |= set(re.findall(r"^def (test\w*)", text, re.M))
         weights.update({f"{module}::{n}": 1.0 for n in names})
-        weights[module] = 100.0 if SLURM_MODULE.search(text) else float(len(names))
+        weights[module] = 100.0 if SLURM_MODULE.search(text) else len(names) + 0.5
     return weights
 
 
