@@ -233,12 +233,38 @@ def pytest_collection_modifyitems(config, items):
 # `make test` runs pytest-xdist with two workers. A test module with a module-scoped fixture (one
 # Snakemake run read by several tests, the Slurm cluster, a built site) goes to one worker whole, so
 # the fixture is made once (and two Slurm clusters never start side by side); every other test is
-# scheduled on its own. Whole modules go first (xdist's scope reordering: most tests first).
+# scheduled on its own. The longest work goes first (the Slurm module, then the slow tier: whole
+# modules by their number of slow tests, then single slow tests), the many short tests last, so
+# that both workers end together instead of one finishing a long test alone.
 MODULE_FIXTURE = re.compile(r"@pytest\.fixture\(scope=[\"']module[\"']")
+SLOW_MODULE = re.compile(r"^pytestmark\s*=.*\bmark\.slow\b", re.M)
+SLURM_MODULE = re.compile(r"^pytestmark\s*=.*\bmark\.slurm\b", re.M)
+SLOW_TEST = re.compile(r"@pytest\.mark\.slow\s*\n(?:\s*@.*\n)*\s*def (test\w*)")
 
 
 def shares_a_module_fixture(path: Path) -> bool:
     return bool(MODULE_FIXTURE.search(path.read_text()))
+
+
+def scope_weights(tests: Path) -> dict[str, float]:
+    """A rough length of each test module (``tests/test_x.py``) and slow test
+    (``tests/test_x.py::test_y``), from the marks in the source: a slow test 1, a module its slow
+    tests and a half (when it goes whole, its fast tests go before the single fast ones), a module
+    of the Slurm suite 100 (it runs one long sweep); what is not listed counts 0."""
+    weights = {}
+    for f in sorted(tests.glob("test_*.py")):
+        text, module = f.read_text(), f"tests/{f.name}"
+        names = set(SLOW_TEST.findall(text))
+        if SLOW_MODULE.search(text):
+            names |= set(re.findall(r"^def (test\w*)", text, re.M))
+        weights.update({f"{module}::{n}": 1.0 for n in names})
+        weights[module] = 100.0 if SLURM_MODULE.search(text) else len(names) + 0.5
+    return weights
+
+
+def longest_first(weights: dict[str, float], scope: str) -> float:
+    """The weight of a work unit: a whole module's, or a single test's (parameters stripped)."""
+    return weights.get(scope) if "::" not in scope else weights.get(scope.split("[", 1)[0], 0.0)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -246,10 +272,17 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     whole = {f"tests/{f.name}" for f in (ROOT / "tests").glob("test_*.py") if shares_a_module_fixture(f)}
+    weights = scope_weights(ROOT / "tests")
 
     class ModulesWithSharedFixtures(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return module if module in whole else nodeid
+
+        def _assign_work_unit(self, node) -> None:
+            # the heaviest unit still queued goes next (the first of equals: collection order)
+            heaviest = max(self.workqueue, key=lambda s: longest_first(weights, s) or 0.0)
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)
 
     return ModulesWithSharedFixtures(config, log)

@@ -31,3 +31,20 @@ def test_modules_sharing_a_module_fixture_are_scheduled_whole():
     assert shares_a_module_fixture(ROOT / "tests" / "test_slurm.py")
     assert shares_a_module_fixture(ROOT / "tests" / "test_docs.py")
     assert not shares_a_module_fixture(ROOT / "tests" / "test_layout.py")
+
+
+def test_the_longest_work_is_scheduled_first():
+    """Both workers end together only if the long units start first: the Slurm suite's module, then
+    whole modules by their slow tests, then single slow tests (a parameter of one too), then whole
+    modules of fast tests, then single fast tests."""
+    from conftest import longest_first, scope_weights
+
+    w = scope_weights(ROOT / "tests")
+    slurm, fedcg, celeba, fast = ("tests/test_slurm.py", "tests/test_fedcg.py",
+                                  "tests/test_real_data.py::test_celeba_sample_config_runs_end_to_end",
+                                  "tests/test_layout.py::test_the_longest_work_is_scheduled_first")
+    assert longest_first(w, slurm) > longest_first(w, fedcg) > longest_first(w, celeba) > 0
+    assert longest_first(w, "tests/test_layout.py") == 0.5 > longest_first(w, fast) == 0
+    assert longest_first(w, "tests/test_workflow.py::test_bad_config_stops_before_any_job") == 1   # pytestmark
+    assert longest_first(w, "tests/test_fedcg_workflow.py::test_overlays_retrain_fedcg_tables_in_their_"
+                            "own_directory[six-seeds.yaml-results-6seeds-6-\"rounds\":60]") == 1

@@ -1,6 +1,6 @@
 """The DAG on a real (single-node) Slurm cluster, recorded by a real MLflow tracking server.
 
-One sweep (tests/slurm/tiny.yaml: 2 datasets x 2 methods x 2 seeds) goes through
+One sweep (tests/slurm/tiny.yaml: 2 datasets x 2 methods, one seed) goes through
 `snakemake --profile profiles/slurm --workflow-profile profiles/slurm-test`, every job via `sbatch`,
 with live tracking into `mlflow server`. During it, one training job is `scancel`ed mid-run (the
 profile's retry resumes it from its checkpoint) and the tracking server is killed and restarted. The
@@ -198,7 +198,7 @@ def test_every_job_went_through_sbatch_and_results_equal_a_local_run_bitwise(swe
     local, remote = sweep["local"] / "results", sweep["remote"] / "results"
     cfg = yaml.safe_load(TINY.read_text())
     runs = sorted(p.parent.relative_to(local / "runs") for p in (local / "runs").glob("*/*/seed*/metrics.json"))
-    assert len(runs) == len(cfg["datasets"]) * len(cfg["methods"]) * len(cfg["seeds"]) == 8
+    assert len(runs) == len(cfg["datasets"]) * len(cfg["methods"]) * len(cfg["seeds"]) == 4
     for r in runs:
         for f in OUTPUT_FILES:
             a, b = (local / "runs" / r / f), (remote / "runs" / r / f)
@@ -211,8 +211,8 @@ def test_every_job_went_through_sbatch_and_results_equal_a_local_run_bitwise(swe
             _metrics_sans_time(remote / "runs" / r / "metrics.json"), r
     assert (local / "table.csv").read_bytes() == (remote / "table.csv").read_bytes()
     # every job of the DAG but the target rule `all` was an sbatch job, the cancelled one twice:
-    # prepare 2, init_centres 4, train 8 (+1), figure_cases 2, report 1
-    assert sweep["info"]["sbatch_jobs"] == 2 + 4 + 8 + 1 + 2 + 1
+    # prepare 2, init_centres 2, train 4 (+1), figure_cases 2, report 1
+    assert sweep["info"]["sbatch_jobs"] == 2 + 2 + 4 + 1 + 2 + 1
     assert re.findall(r"^localrule (\w+):", sweep["out"], re.M) == ["all"]
 
 
@@ -237,11 +237,11 @@ def test_mlflow_server_holds_each_run_once(sweep, server):
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     runs = client.search_runs([exp.experiment_id], max_results=1000)
     children = runs                                        # flat, tagged with the invocation
-    assert len(children) == 8, [r.data.tags.get("mlflow.runName") for r in children]
+    assert len(children) == 4, [r.data.tags.get("mlflow.runName") for r in children]
     assert len({r.data.tags["sweep"] for r in children}) == 1
     assert f"MLflow: {runs_link(server.uri, exp.experiment_id)}" in sweep["out"]
     names = sorted(r.data.tags["mlflow.runName"] for r in children)
-    assert len(set(names)) == 8 and {r.info.status for r in children} == {"FINISHED"}
+    assert len(set(names)) == 4 and {r.info.status for r in children} == {"FINISHED"}
     for r in children:
         t = r.data.tags
         d = sweep["remote"] / "results" / "runs" / t["dataset"] / json.loads(t["config_json"])["run_id"] / f"seed{t['seed']}"
@@ -265,4 +265,4 @@ def test_mlflow_ui_shows_the_runs_and_compares_two(sweep, server, tmp_path):
 
     exp = MlflowClient(server.uri).get_experiment_by_name("mcfl-slurm-test")
     dom = chromium(runs_link(server.uri, exp.experiment_id), tmp_path / "profile", "--dump-dom")
-    assert "<strong>8</strong> matching runs" in dom and "FedAvg · " in dom
+    assert "<strong>4</strong> matching runs" in dom and "FedAvg · " in dom
