@@ -155,7 +155,7 @@ def test_a_checkpoint_puts_models_on_the_run_device_and_indices_on_the_cpu(metho
     go to the resuming run's device, here PyTorch's "meta" device, and the index tensors (groups,
     assignments, flags) stay on the CPU, where init() makes them and round() reads them with
     .numpy(). Mapping the whole state to the device broke CPU -> CUDA resumes."""
-    from mcfl.runner import _to_device
+    from mcfl.io import state_on
 
     run = make_run(method=method, params=small_params(method), rounds=3, clients_per_round=6,
                    checkpoint_every=1)
@@ -165,7 +165,7 @@ def test_a_checkpoint_puts_models_on_the_run_device_and_indices_on_the_cpu(metho
         train(run, digits_store, tmp_path / "out", checkpoint=ck, progress=False)
     restore()
     state = torch.load(ck, weights_only=True)["state"]
-    moved = _to_device(state, torch.device("meta"))
+    moved = state_on(state, torch.device("meta"))
     tensors = {k: v for k, v in moved.items() if torch.is_tensor(v)}
     floats = {k for k, v in tensors.items() if v.is_floating_point()}
     assert floats and len(floats) < len(tensors)            # both kinds are present

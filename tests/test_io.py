@@ -59,17 +59,3 @@ def test_csv_text_of_floats_equals_pandas():
     assert csv_text({"x": x}) == _pandas(pd.DataFrame({"x": x}))
     x32 = x[~(np.abs(x) > 3e38)].astype(np.float32)                    # float32's range (inf kept)
     assert csv_text({"x": x32}) == _pandas(pd.DataFrame({"x": x32}))
-
-
-def test_state_on_moves_models_and_keeps_index_tensors_on_the_cpu():
-    """A state saved on a GPU is read back with its models on the run's device and its assignments
-    on the CPU, where the algorithms call ``.numpy()`` on them (a cluster figure from a GPU run)."""
-    import torch
-
-    from mcfl.io import state_on
-
-    state = {"w": torch.zeros(3), "assign": torch.tensor([0, 1, 1]), "round": 4}
-    moved = state_on(state, torch.device("meta"))
-    assert moved["w"].device.type == "meta"
-    assert moved["assign"].device.type == "cpu" and moved["assign"].numpy().tolist() == [0, 1, 1]
-    assert moved["round"] == 4

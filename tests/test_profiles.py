@@ -33,7 +33,7 @@ def test_the_gpu_profile_parses_into_the_documented_options():
     from snakemake.cli import parse_args
 
     _, args = parse_args(["--workflow-profile", str(PROFILE), "-n"])
-    assert {k: v.value for k, v in args.resources.items()} == {"gpu": 8}
+    assert {k: v.value for k, v in args.resources.items()} == {"gpu": 14}
     assert args.scheduler == "greedy"                    # no ILP solver needed
     assert {k: v.value for k, v in args.set_threads.items()} == {"train": 1, "train_seeds": 1}
     assert args.rerun_incomplete and args.keep_going
