@@ -15,7 +15,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup reproduce test test-fast dry-run report clean femnist-sample femnist-sample-paper femnist-sample-authors \
-	femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg femnist-flic femnist-sample-variants femnist-sample-switches femnist-sample-h248 fesem-digits-variants docs docs-check docs-serve docs-results lock dvc-lock
+	femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg femnist-flic femnist-sample-variants femnist-sample-switches femnist-sample-h248 femnist-sample-tf32 femnist-sample-bf16 fesem-digits-variants docs docs-check docs-serve docs-results lock dvc-lock
 
 # requirements.lock pins every package (torch included) to the tested set: `make` installs exactly
 # that, with uv (about 36 s) or, where uv fails, pip (about 2 min 45 s); MCFL_INSTALLER=pip forces
