@@ -25,12 +25,10 @@ from _common import machine
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--members", type=int, default=10)
-    ap.add_argument("--hidden", type=int, default=2048)
+    for flag, kind, default in (("--members", int, 10), ("--hidden", int, 2048), ("--repeats", int, 2),
+                                ("--device", str, "cpu"), ("--threads", int, 1)):
+        ap.add_argument(flag, type=kind, default=default)
     ap.add_argument("--noise", type=float, default=1e-3, help="local models: reference + noise x N(0, 1)")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from scipy.optimize import linear_sum_assignment
