@@ -15,34 +15,28 @@ archived copy); the fp32 runs are the base config's. Speed is ``femnist_round.py
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from _common import ROOT
 
 ARCHIVE = ROOT / "docs" / "results" / "archived-runs"
 
 
-def runs(results: Path) -> dict[tuple[str, str, int], Path]:
-    """(dataset, label, seed) -> run directory, for every finished run under ``results``."""
+def runs(results: Path) -> dict[tuple[str, str, int], dict]:
+    """(dataset, label, seed) -> the run (``mcfl.io.read_run``: metrics and per-image hits), for
+    every finished run under ``results``."""
+    from mcfl.io import read_run
+
     base = results / "runs" if (results / "runs").is_dir() else results
     out = {}
     for m in sorted(base.glob("*/*/seed*/metrics.json")):
-        meta = json.loads(m.read_text())
-        out[(meta["dataset"], meta["label"], int(meta["seed"]))] = m.parent
+        run = read_run(m.parent, predictions=True)
+        if "hit" not in run:
+            raise SystemExit(f"{m.parent}: no predictions.csv, so no paired comparison")
+        out[(run["dataset"], run["label"], int(run["seed"]))] = run
     return out
-
-
-def hits(run: Path) -> np.ndarray:
-    p = pd.read_csv(run / "predictions.csv")
-    return (p["y"].to_numpy() == p["pred"].to_numpy())
-
-
-def meta(run: Path) -> dict:
-    return json.loads((run / "metrics.json").read_text())
 
 
 def compare(fp32: dict, other: dict) -> list[dict]:
@@ -54,10 +48,10 @@ def compare(fp32: dict, other: dict) -> list[dict]:
         seeds = sorted(s for d, lab, s in other if (d, lab) == (ds, label) and (d, lab, s) in fp32)
         if not seeds:
             continue
-        acc = [100 * hits(other[(ds, label, s)]).mean() for s in seeds]
-        base = [100 * hits(fp32[(ds, label, s)]).mean() for s in seeds]
-        only = np.sum([paired_counts(hits(other[(ds, label, s)]), hits(fp32[(ds, label, s)])) for s in seeds], axis=0)
-        ms = [meta(other[(ds, label, s)]) for s in seeds]
+        acc = [100 * other[(ds, label, s)]["hit"].mean() for s in seeds]
+        base = [100 * fp32[(ds, label, s)]["hit"].mean() for s in seeds]
+        only = np.sum([paired_counts(other[(ds, label, s)]["hit"], fp32[(ds, label, s)]["hit"]) for s in seeds], axis=0)
+        ms = [other[(ds, label, s)] for s in seeds]
         rows.append({"dataset": ds, "method": label, "precision": ms[0].get("precision", "fp32"),
                      "device": ms[0].get("device_name") or ms[0].get("device"), "seeds": len(seeds),
                      "acc": (np.mean(acc), np.std(acc, ddof=1) if len(acc) > 1 else 0.0),

@@ -109,8 +109,10 @@ def main(argv=None) -> int:
 
 def machine_of(res: Path) -> str | None:
     """The device the results directory's runs trained on, from a run's ``metrics.json``."""
+    from mcfl.io import read_run
+
     for f in sorted(runs_dir(res).glob("*/*/seed*/metrics.json"))[:1]:
-        m = json.loads(f.read_text())
+        m = read_run(f.parent)
         return f"{m.get('device_name') or m.get('device')}, {m.get('cpu', '')} CPU, torch {m.get('torch')}"
     return None
 

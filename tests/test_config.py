@@ -215,3 +215,14 @@ def test_command_line_values_read_yaml_words():
                                "nested": {"a": "true", "b": ["null", "3"]}})
     assert got == {"tracking": False, "results": "results-x", "device": "cuda",
                    "nested": {"a": True, "b": [None, "3"]}}
+
+
+@pytest.mark.parametrize("overlay", sorted(p.name for p in (ROOT / "config" / "femnist-sample").glob("*.yaml")))
+def test_every_femnist_sample_overlay_validates_on_its_base(overlay):
+    """Each overlay in config/femnist-sample/ is run on top of config/femnist-sample.yaml
+    (`make femnist-sample-<name>`): merged in that order, it must pass the schema and expand into
+    runs, in the overlay's results directory where it names one."""
+    cfg = load_config(ROOT / "config" / "femnist-sample.yaml", ROOT / "config" / "femnist-sample" / overlay)
+    validate(cfg, overlay)
+    own = yaml.safe_load((ROOT / "config" / "femnist-sample" / overlay).read_text()).get("results")
+    assert expand_runs(cfg) and cfg["results"] == (own or "results-femnist-sample")
