@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from mcfl import models
 from mcfl.data import load
 from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer, Task
 
@@ -118,3 +119,26 @@ def test_select_last_layer_is_the_final_weight_matrix():
     assert fm.select("all") == slice(0, fm.n_params)
     with pytest.raises(ValueError, match="unknown parameter selection"):
         fm.select("first")
+
+
+@pytest.mark.parametrize("name, shape", [("digits_cnn", (1, 8, 8)), ("femnist_cnn", (1, 28, 28))])
+def test_pooling_before_relu_is_bitwise_the_conventional_order(name, shape):
+    """The zoo's CNNs pool before their ReLU (max commutes with the monotone ReLU, and the
+    gradient reaches the same input either way, ties included), which does the ReLU and its
+    backward on a quarter of the values. Outputs and gradients equal those of conv -> ReLU -> pool
+    bit for bit, also on inputs with flat regions (exact ties) and negative pre-activations."""
+    torch.manual_seed(0)
+    net = models.build(name, shape, 10, **({"hidden": 32} if name == "femnist_cnn" else {}))
+    kinds = [type(m) for m in net]
+    assert kinds[:6] == [nn.Conv2d, nn.MaxPool2d, nn.ReLU] * 2
+    conventional = nn.Sequential(*[net[i] for i in (0, 2, 1, 3, 5, 4)], *net[6:])
+    x = torch.randint(0, 3, (6, *shape)).float()
+    x[:, :, : shape[1] // 2] = 0                                   # flat regions: exact ties in pools
+    y = torch.randint(0, 10, (6,))
+    outs, grads = [], []
+    for m in (net, conventional):
+        out = m(x)
+        outs.append(out)
+        grads.append(torch.autograd.grad(nn.functional.cross_entropy(out, y), list(m.parameters())))
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

