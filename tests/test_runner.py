@@ -89,3 +89,43 @@ def test_one_process_training_several_seeds_writes_what_one_job_per_seed_writes(
                 assert torch.equal(value, group[4][key]), key
     # the two seeds differ: the second run did not repeat the first
     assert _outputs(tmp_path / "group0")[2] != _outputs(tmp_path / "group1")[2]
+
+
+def test_checkpoint_clock_bounds_the_time_checkpoints_take():
+    """Quick writes: every due checkpoint. A 2-second write: the next waits for 38 s of training
+    (19 x 2 s: checkpoints then take at most 5% of the run's time)."""
+    from mcfl.runner import CheckpointClock
+
+    now = [100.0]
+    c = CheckpointClock(clock=lambda: now[0])
+    assert c.due()
+    now[0] += 0.5                                    # a 0.5 s write: under a second, no limit
+    c.wrote(100.0)
+    assert c.due()
+    start = now[0] = 110.0
+    now[0] += 2.0                                    # a 2 s write
+    c.wrote(start)
+    now[0] += 37.9
+    assert not c.due()
+    now[0] += 0.1
+    assert c.due()
+
+
+def test_a_slow_checkpoint_skips_the_next_due_ones(digits_store, tmp_path, monkeypatch):
+    """With every write counted as slow, the run checkpoints once (round 2 of 6, every 2 rounds)
+    and still trains to the end; with the default limits this run's small checkpoints are all
+    written (rounds 2 and 4)."""
+    import mcfl.runner as runner
+
+    saved = []
+    orig = runner._save_checkpoint
+    monkeypatch.setattr(runner, "_save_checkpoint", lambda path, algo, state, rnd, *a: saved.append(rnd)
+                        or orig(path, algo, state, rnd, *a))
+    run = make_run(rounds=6, checkpoint_every=2)
+    train(run, digits_store, tmp_path / "a", checkpoint=tmp_path / "a.pt", progress=False)
+    assert saved == [2, 4]
+    saved.clear()
+    monkeypatch.setattr(runner.CheckpointClock, "FREE_S", 0.0)
+    monkeypatch.setattr(runner.CheckpointClock, "SHARE", 1e-9)
+    res = train(run, digits_store, tmp_path / "b", checkpoint=tmp_path / "b.pt", progress=False)
+    assert saved == [2] and res["final"]["micro_acc"] > 0
