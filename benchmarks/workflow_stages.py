@@ -14,6 +14,10 @@ The newest Snakemake log that reports an elapsed time gives the whole DAG's wall
     python benchmarks/workflow_stages.py --results docs/results/archived-runs/results-femnist-sample \
         --logs docs/results/archived-runs/results-femnist-sample --md docs/results/femnist-sample-gpu-stages.md
 
+``--replay N`` replays the jobs' measured times on N slots (list scheduling, dependencies ignored)
+longest first and in 200 random orders: how much ordering the jobs could save on N cores or GPU
+slots.
+
 ``--md`` writes the stage table and the training jobs summed per dataset as Markdown, with the
 machine and commit of the ``make reproduce`` that made them (``logs/reproduce.json``);
 ``make docs-results`` runs it for the docs' Performance page.
@@ -22,8 +26,11 @@ machine and commit of the ``make reproduce`` that made them (``logs/reproduce.js
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
+import random
 import re
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -69,6 +76,29 @@ def loop_seconds(res: Path, job: str) -> float:
     return sum(json.loads(f.read_text())["wall_s"] for f in files)
 
 
+def makespan(times: list[float], slots: int) -> float:
+    """When the last job ends if each job, in the given order, starts on the first free slot."""
+    free = [0.0] * slots
+    for t in times:
+        heapq.heappush(free, heapq.heappop(free) + t)
+    return max(free)
+
+
+def replay(times: list[float], slots: int, orders: int = 200) -> tuple[float, float]:
+    """The jobs' makespan on ``slots`` longest first, and the median over random orders."""
+    longest = makespan(sorted(times, reverse=True), slots)
+    shuffled = []
+    for i in range(orders):
+        t = list(times)
+        random.Random(i).shuffle(t)
+        shuffled.append(makespan(t, slots))
+    median = statistics.median(shuffled)
+    print(f"# {len(times)} jobs, {sum(times):.0f} s, replayed on {slots} slots (dependencies ignored): "
+          f"longest first {longest:.0f} s, random order {median:.0f} s (median of {orders}), "
+          f"the sum / {slots} {sum(times) / slots:.0f} s")
+    return longest, median
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=ROOT / "results")
@@ -76,11 +106,15 @@ def main(argv=None) -> int:
     ap.add_argument("--md", type=Path, help="also write the tables as Markdown to this file")
     ap.add_argument("--record", type=Path, default=ROOT / "logs" / "reproduce.json",
                     help="make reproduce's record, for the Markdown's machine line")
+    ap.add_argument("--replay", type=int, metavar="N",
+                    help="replay the measured job times on N slots, longest first and in random orders")
     args = ap.parse_args(argv)
     df = read_benchmarks(args.results)
     if df.empty:
         print(f"no benchmark files under {args.results / 'benchmarks'}; run the workflow first")
         return 1
+    if args.replay:
+        replay(df.s.tolist(), args.replay)
     print(f"# Snakemake benchmark files under {args.results / 'benchmarks'}")
     print(f"{'stage':<10} {'jobs':>5} {'sum s':>8} {'mean s':>7} {'max s':>7} {'max RSS MB':>10}")
     for stage, g in df.groupby("stage", sort=False):

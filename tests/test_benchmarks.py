@@ -141,3 +141,15 @@ def test_precision_accuracy_pairs_each_run_with_its_fp32_twin(tmp_path, monkeypa
     assert row["p"] == pytest.approx(1.0)
     assert "| FedAvg | bf16 (autocast) | 87.5 ± 17.7 | 75.0 ± 35.4 | +12.5 ± 17.7 | 2 / 1 | 1 | 2 | GPU X |" \
         in pa.table([row])
+
+
+def test_workflow_stages_replays_job_times_longest_first_and_in_random_orders(monkeypatch, capsys):
+    """Jobs of 3, 2 and 2 s on 2 slots: longest first ends at 4 s (3 | 2+2); the order 2, 2, 3
+    ends at 5 s (2+3 | 2), and a random order is one of the two."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import workflow_stages as ws
+
+    assert ws.makespan([3, 2, 2], 2) == 4 and ws.makespan([2, 2, 3], 2) == 5
+    longest, median = ws.replay([2, 3, 2], 2, orders=20)
+    assert longest == 4 and median in (4, 5)
+    assert "longest first 4 s" in capsys.readouterr().out

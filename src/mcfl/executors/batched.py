@@ -20,8 +20,8 @@ convolution layers: a step's cost there is per-operation overhead, which stackin
 chunk; the 8x8 digits CNN, 92K, trains 3.6x faster stacked) and the sequential loop for the others
 (the FEMNIST CNN, 11.5M with hidden 248: 1.3x faster sequential). A call with one such client
 (FedGSP's chain of one group: one client at a time) takes the sequential loop on every device:
-stacking one client adds ``vmap``'s cost and saves nothing (a NaiveGSP round on digits_2class,
-one thread: 0.42 s stacked, 0.23 s sequential). Models whose training forward
+stacking one client adds ``vmap``'s cost and saves nothing (a digits CNN step 1.8x the plain
+module's, ``benchmarks/digits_cnn_forms.py``). Models whose training forward
 writes to their buffers (BatchNorm running statistics: padded rows would enter the batch
 statistics; found by one probe forward) or with random layers (dropout) always train
 sequentially; other float buffers (FedCG's adjacency) are constants of the update, shared by a

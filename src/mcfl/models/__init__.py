@@ -8,13 +8,11 @@
 - ``logreg``: multinomial logistic regression (LEAF synthetic; LEAF's sigmoid-before-softmax quirk is
   not reproduced: this is the plain model its data generator assumes).
 - ``digits_cnn``: a small CNN for 8x8 digits: conv3x3 16 -> ReLU -> pool -> conv3x3 32 -> ReLU -> pool
-  -> dense 64 -> ReLU -> dense classes; on one input channel its first convolution is computed as
-  patches times kernel (:class:`PatchConv2d`, the faster form on a CPU).
-
-The CNNs pool before their ReLU (``Conv2d, MaxPool2d, ReLU``): max commutes with the monotone ReLU
-and the gradient reaches the same input either way, so outputs and gradients equal the order above
-bit for bit (``tests/test_engine.py``), with the ReLU and its backward on a quarter of the values
-(the digits CNN's stacked step about 9% faster on a CPU).
+  -> dense 64 -> ReLU -> dense classes, in the fastest form of that function on a CPU
+  (``benchmarks/digits_cnn_forms.py`` times the forms): on one input channel its first convolution
+  is computed as patches times kernel (:class:`PatchConv2d`), and each pooling comes before its
+  ReLU (max commutes with the monotone ReLU and the gradient reaches the same input either way, ties
+  included: bit for bit the order above, ``tests/test_engine.py``).
 """
 
 from __future__ import annotations
@@ -29,8 +27,8 @@ from torch import nn
 def femnist_cnn(input_shape, n_classes: int, hidden: int = 2048) -> nn.Module:
     c, h, w = input_shape
     return nn.Sequential(
-        nn.Conv2d(c, 32, 5, padding=2), nn.MaxPool2d(2), nn.ReLU(),
-        nn.Conv2d(32, 64, 5, padding=2), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), hidden), nn.ReLU(),
         nn.Linear(hidden, n_classes),
     )
@@ -59,7 +57,7 @@ class PatchConv2d(nn.Conv2d):
     For a first layer with one input channel it is the faster form on a CPU: under the batched
     executor's ``vmap`` a convolution becomes a grouped one with one channel per group, which
     oneDNN runs slowly, while the patches form is one batched matrix product (the digits CNN's
-    stacked step of 100 clients about 22% faster, a single client's step about 12%)."""
+    stacked step of 100 clients 1.1-1.3x faster: ``benchmarks/digits_cnn_forms.py``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1 or isinstance(self.padding, str):

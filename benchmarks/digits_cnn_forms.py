@@ -1,0 +1,120 @@
+"""The digits CNN's local step in the forms the model zoo has had, on this machine's CPU: where the
+time of `make reproduce`'s digits runs goes, and what each change of form saved.
+
+Forms (the same function and parameters):
+
+* ``conv-relu-pool``: ``Conv2d, ReLU, MaxPool2d`` twice (the zoo's form up to 2026-11-28);
+* ``conv-pool-relu``: pooling before the ReLU (max commutes with the monotone ReLU: bitwise the
+  same outputs and gradients, the ReLU on a quarter of the values);
+* ``patch-relu-pool``: the first convolution (one input channel) as patches times kernel
+  (:class:`mcfl.models.PatchConv2d`; gradients within float rounding);
+* ``patch-pool-relu``: both, the zoo's form now;
+* ``patch2-relu-pool``: both convolutions as patches (not kept: the second, with 16 input
+  channels, is slower so).
+
+Two steps, as the executors take them: ``stacked``, 100 clients x batch 10 in one
+``vmap(functional_call)`` forward and one backward (the batched executor, digits' round), and
+``one client``, batch 5 on the plain module (the sequential loop; FedGSP's chains). The last
+line times a lone client both ways (stacked as a ``vmap`` over one client, and on the plain
+module), which is why the batched executor now hands a call with one client to the sequential
+loop. Forms are interleaved rep by rep; CPU seconds per step, the least of ``--reps``; one thread.
+
+    python benchmarks/digits_cnn_forms.py
+    python benchmarks/digits_cnn_forms.py --reps 40 --clients 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+from _common import machine
+
+FORMS = ("conv-relu-pool", "conv-pool-relu", "patch-relu-pool", "patch-pool-relu", "patch2-relu-pool")
+
+
+def build(form: str) -> nn.Module:
+    from mcfl.models import PatchConv2d
+
+    first = (PatchConv2d if form.startswith("patch") else nn.Conv2d)(1, 16, 3, padding=1)
+    second = (PatchConv2d if form.startswith("patch2") else nn.Conv2d)(16, 32, 3, padding=1)
+    blocks = ([first, nn.ReLU(), nn.MaxPool2d(2), second, nn.ReLU(), nn.MaxPool2d(2)]
+              if form.endswith("relu-pool") else
+              [first, nn.MaxPool2d(2), nn.ReLU(), second, nn.MaxPool2d(2), nn.ReLU()])
+    return nn.Sequential(*blocks, nn.Flatten(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def stacked_step(net: nn.Module, params: dict, x: torch.Tensor, y: torch.Tensor):
+    """Every client's gradient, as the batched executor's stacked path computes it."""
+    leaves = {n: v.detach().requires_grad_() for n, v in params.items()}
+    logits = vmap(lambda p, xi: functional_call(net, p, (xi,)))(leaves, x)
+    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
+    return torch.autograd.grad(loss.sum(), list(leaves.values()))
+
+
+def plain_step(net: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    net.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    return [p.grad for p in net.parameters()]
+
+
+def cpu_times(fns: dict, reps: int, inner: int) -> dict[str, float]:
+    """Least CPU seconds per call of each function over ``reps`` (a shared machine only ever adds
+    time), the functions interleaved rep by rep."""
+    out = {k: [] for k in fns}
+    for r in range(reps):
+        for k in (list(fns) if r % 2 else list(fns)[::-1]):
+            t = time.process_time()
+            for _ in range(inner):
+                fns[k]()
+            out[k].append((time.process_time() - t) / inner)
+    return {k: min(v) for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=40)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    C, B = args.clients, args.batch
+    x = torch.randint(0, 17, (C, B, 1, 8, 8)).float()       # sklearn digits: integers 0-16
+    x[..., :2] = 0                                          # blank columns: ties in the pools
+    y = torch.randint(0, 10, (C, B))
+    nets = {f: build(f) for f in FORMS}
+    for f in FORMS[1:]:
+        nets[f].load_state_dict(nets[FORMS[0]].state_dict())
+    params = {n: p.detach().expand(C, *p.shape) + 0.01 * torch.randn(C, *p.shape)
+              for n, p in nets[FORMS[0]].named_parameters()}
+    ref = stacked_step(nets[FORMS[0]], params, x, y)
+    print(f"digits CNN step forms; {machine(torch.device('cpu'))}")
+    print(f"stacked: {C} clients x batch {B} (vmap); one client: batch 5, plain module; CPU ms per "
+          f"step, least of {args.reps}\n")
+    print("| form | stacked ms | vs conv-relu-pool | one client ms | vs conv-relu-pool | gradients vs conv-relu-pool |")
+    print("|---|---|---|---|---|---|")
+    st = cpu_times({f: (lambda f=f: stacked_step(nets[f], params, x, y)) for f in FORMS}, args.reps, 3)
+    one = cpu_times({f: (lambda f=f: plain_step(nets[f], x[0, :5], y[0, :5])) for f in FORMS}, args.reps, 20)
+    for f in FORMS:
+        g = stacked_step(nets[f], params, x, y)
+        same = all(torch.equal(a, b) for a, b in zip(g, ref))
+        diff = "bitwise equal" if same else f"max diff {max((a - b).abs().max().item() for a, b in zip(g, ref)):.1e}"
+        print(f"| {f} | {st[f] * 1e3:.1f} | {st[FORMS[0]] / st[f]:.2f}x | {one[f] * 1e3:.2f} | "
+              f"{one[FORMS[0]] / one[f]:.2f}x | {diff} |")
+    net = nets["patch-pool-relu"]
+    lone = {n: v[:1] for n, v in params.items()}
+    net.load_state_dict({n: v[0] for n, v in lone.items()})
+    t = cpu_times({"vmap": lambda: stacked_step(net, lone, x[:1, :5], y[:1, :5]),
+                   "plain": lambda: plain_step(net, x[0, :5], y[0, :5])}, args.reps, 20)
+    print(f"\nA lone client, batch 5 (patch-pool-relu): stacked as a vmap over one client {t['vmap'] * 1e3:.2f} ms, "
+          f"plain module {t['plain'] * 1e3:.2f} ms a step ({t['vmap'] / t['plain']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
