@@ -1,16 +1,21 @@
-"""The digits CNN's local step in the forms the model zoo has had, on this machine's CPU: where the
-time of `make reproduce`'s digits runs goes, and what each change of form saved.
+"""The digits CNN's local step in other forms of the same function, on this machine's CPU: the
+levers tried for `make reproduce`'s digits runs.
 
 Forms (the same function and parameters):
 
-* ``conv-relu-pool``: ``Conv2d, ReLU, MaxPool2d`` twice (the zoo's form up to 2026-11-28);
+* ``conv-relu-pool``: ``Conv2d, ReLU, MaxPool2d`` twice, the model zoo's form;
 * ``conv-pool-relu``: pooling before the ReLU (max commutes with the monotone ReLU: bitwise the
   same outputs and gradients, the ReLU on a quarter of the values);
 * ``patch-relu-pool``: the first convolution (one input channel) as patches times kernel
-  (:class:`mcfl.models.PatchConv2d`; gradients within float rounding);
-* ``patch-pool-relu``: both, the zoo's form now;
-* ``patch2-relu-pool``: both convolutions as patches (not kept: the second, with 16 input
-  channels, is slower so).
+  (``unfold`` and one matrix product, :class:`PatchConv2d` below);
+* ``patch-pool-relu``: both;
+* ``patch2-relu-pool``: both convolutions as patches.
+
+The patches form is faster stacked, and it is not in the package: its matrix product (a 9-long
+inner dimension, through MKL) rounds differently depending on the process's earlier allocations,
+so reversing the order in which FedDane's clients are processed moved its weights by 2.5e-5 after
+two rounds, against 6e-8 with the convolution (``tests/test_faults.py``); ``MKL_CBWR=AVX2,STRICT``
+brought it to 4.8e-7. A package whose runs repeat bit for bit keeps the convolution.
 
 Two steps, as the executors take them: ``stacked``, 100 clients x batch 10 in one
 ``vmap(functional_call)`` forward and one backward (the batched executor, digits' round), and
@@ -35,12 +40,24 @@ from torch.func import functional_call, vmap
 
 from _common import machine
 
+class PatchConv2d(nn.Conv2d):
+    """A stride-1 ``nn.Conv2d`` computed as its input's patches (``F.unfold``) times the kernel: the
+    same function and parameters, rounded differently. Not in the package (see the module
+    docstring)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = x.shape
+        (kh, kw), (ph, pw) = self.kernel_size, self.padding
+        ho, wo = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
+        patches = F.unfold(x, self.kernel_size, padding=self.padding)          # (n, c*kh*kw, ho*wo)
+        y = torch.matmul(patches.transpose(1, 2), self.weight.flatten(1).t())  # (n, ho*wo, out)
+        return (y + self.bias).view(n, ho, wo, self.out_channels).permute(0, 3, 1, 2)
+
+
 FORMS = ("conv-relu-pool", "conv-pool-relu", "patch-relu-pool", "patch-pool-relu", "patch2-relu-pool")
 
 
 def build(form: str) -> nn.Module:
-    from mcfl.models import PatchConv2d
-
     first = (PatchConv2d if form.startswith("patch") else nn.Conv2d)(1, 16, 3, padding=1)
     second = (PatchConv2d if form.startswith("patch2") else nn.Conv2d)(16, 32, 3, padding=1)
     blocks = ([first, nn.ReLU(), nn.MaxPool2d(2), second, nn.ReLU(), nn.MaxPool2d(2)]
@@ -107,12 +124,12 @@ def main() -> None:
         diff = "bitwise equal" if same else f"max diff {max((a - b).abs().max().item() for a, b in zip(g, ref)):.1e}"
         print(f"| {f} | {st[f] * 1e3:.1f} | {st[FORMS[0]] / st[f]:.2f}x | {one[f] * 1e3:.2f} | "
               f"{one[FORMS[0]] / one[f]:.2f}x | {diff} |")
-    net = nets["patch-pool-relu"]
+    net = nets["conv-relu-pool"]
     lone = {n: v[:1] for n, v in params.items()}
     net.load_state_dict({n: v[0] for n, v in lone.items()})
     t = cpu_times({"vmap": lambda: stacked_step(net, lone, x[:1, :5], y[:1, :5]),
                    "plain": lambda: plain_step(net, x[0, :5], y[0, :5])}, args.reps, 20)
-    print(f"\nA lone client, batch 5 (patch-pool-relu): stacked as a vmap over one client {t['vmap'] * 1e3:.2f} ms, "
+    print(f"\nA lone client, batch 5 (conv-relu-pool, the zoo's form): stacked as a vmap over one client {t['vmap'] * 1e3:.2f} ms, "
           f"plain module {t['plain'] * 1e3:.2f} ms a step ({t['vmap'] / t['plain']:.2f}x)")
 
 

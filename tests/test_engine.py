@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-from mcfl import models
 from mcfl.data import load
 from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer, Task
 
@@ -119,53 +118,3 @@ def test_select_last_layer_is_the_final_weight_matrix():
     assert fm.select("all") == slice(0, fm.n_params)
     with pytest.raises(ValueError, match="unknown parameter selection"):
         fm.select("first")
-
-
-def test_digits_cnn_pooling_before_relu_is_bitwise_the_conventional_order():
-    """The digits CNN pools before its ReLUs (max commutes with the monotone ReLU, and the gradient
-    reaches the same input either way): outputs and gradients equal those of conv -> ReLU -> pool
-    bit for bit, also on inputs with flat regions (exact ties in the pools) and negative
-    pre-activations."""
-    torch.manual_seed(0)
-    net = models.build("digits_cnn", (1, 8, 8), 10)
-    kinds = [(nn.Conv2d if isinstance(m, nn.Conv2d) else type(m)) for m in net]
-    assert kinds[:6] == [nn.Conv2d, nn.MaxPool2d, nn.ReLU] * 2
-    conventional = nn.Sequential(*[net[i] for i in (0, 2, 1, 3, 5, 4)], *net[6:])
-    x = torch.randint(0, 3, (6, 1, 8, 8)).float()
-    x[:, :, :4] = 0                                               # flat regions: exact ties in pools
-    y = torch.randint(0, 10, (6,))
-    outs, grads = [], []
-    for m in (net, conventional):
-        out = m(x)
-        outs.append(out)
-        grads.append(torch.autograd.grad(nn.functional.cross_entropy(out, y), list(m.parameters())))
-    assert torch.equal(outs[0], outs[1])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
-
-
-@pytest.mark.parametrize("c, k, pad, bias", [(1, 3, 1, True), (1, 5, 2, True), (3, 3, 0, False), (2, 3, 1, True)])
-def test_patch_convolution_is_the_convolution(c, k, pad, bias):
-    """PatchConv2d (patches times kernel) computes nn.Conv2d's function with nn.Conv2d's parameters:
-    outputs and gradients agree to float rounding, also stacked over clients under vmap (the
-    batched executor's form)."""
-    from torch.func import functional_call, vmap
-
-    torch.manual_seed(0)
-    conv = nn.Conv2d(c, 6, k, padding=pad, bias=bias)
-    patch = models.PatchConv2d(c, 6, k, padding=pad, bias=bias)
-    patch.load_state_dict(conv.state_dict())
-    x = torch.randn(4, c, 8, 7)
-    for m in (conv, patch):
-        m.zero_grad()
-        m(x).square().sum().backward()
-    torch.testing.assert_close(patch(x), conv(x), rtol=1e-5, atol=1e-5)
-    for a, b in zip(patch.parameters(), conv.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-4)
-    stacked = {n: torch.stack([p, 2 * p]) for n, p in conv.named_parameters()}
-    xs = torch.stack([x, -x])
-    ys = [vmap(lambda p, x, m=m: functional_call(m, p, (x,)))(stacked, xs) for m in (patch, conv)]
-    torch.testing.assert_close(ys[0], ys[1], rtol=1e-5, atol=1e-5)
-    strided = models.PatchConv2d(c, 6, k, stride=2, bias=bias)      # not its form: the convolution
-    plain = nn.Conv2d(c, 6, k, stride=2, bias=bias)
-    plain.load_state_dict(strided.state_dict())
-    assert torch.equal(strided(x), plain(x))

@@ -24,16 +24,17 @@ last, so a killed job leaves nothing the report could take for a result):
   CPU kernels, threads, torch, ``precision``: what local training computed in,
   :func:`mcfl.precision.precision_ran`) and final metrics.
 
-Crash safety. A checkpoint (``checkpoint=PATH``, every ``checkpoint_every`` rounds, written then
-renamed; a large one less often, :class:`CheckpointClock`) holds everything the run carries between rounds: the algorithm's ``State`` (the contract
-of :mod:`mcfl.algorithms.base` keeps nothing else), the round, the history so far and the MLflow
-run id. There is no RNG state to save: every random draw is derived from (seed, round, client,
-purpose). A rerun of the same job resumes from it, continues the same MLflow run, and ends with
-outputs bitwise equal to an uninterrupted run's (on the CPU). A checkpoint of another configuration
-or data set is ignored with a warning; it is deleted once the run has finished. Outputs of an
-earlier run in ``out_dir`` (``state.pt`` included) are removed first, so a failed run never leaves a
-result behind. The store is verified in full (:func:`mcfl.data.store.verify_store`: metadata and
-file hashes) before training or resuming, so the data hash recorded is that of the data trained on.
+Crash safety. A checkpoint (``checkpoint=PATH``, every ``checkpoint_every`` rounds, a large one less
+often: :class:`CheckpointClock`; written then renamed) holds everything the run carries between
+rounds: the algorithm's ``State`` (the contract of :mod:`mcfl.algorithms.base` keeps nothing else),
+the round, the history so far and the MLflow run id. There is no RNG state to save: every random
+draw is derived from (seed, round, client, purpose). A rerun of the same job resumes from it,
+continues the same MLflow run, and ends with outputs bitwise equal to an uninterrupted run's (on the
+CPU). A checkpoint of another configuration or data set is ignored with a warning; it is deleted
+once the run has finished. Outputs of an earlier run in ``out_dir`` (``state.pt`` included) are
+removed first, so a failed run never leaves a result behind. The store is verified in full
+(:func:`mcfl.data.store.verify_store`: metadata and file hashes) before training or resuming, so the
+data hash recorded is that of the data trained on.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class CheckpointClock:
     writing one takes under ``FREE_S`` seconds; after a slower write, the next is skipped until the
     run has trained ``1 / SHARE - 1`` times that long since, so that checkpoints take at most
     ``SHARE`` of a run's time (NoFed's 105 LEAF CNNs of 6.6M weights are 2.8 GB a checkpoint: nine
-    of them were half of its 250 rounds on a GPU)."""
+    of them were about half of its job's time on a GPU)."""
 
     FREE_S = 1.0
     SHARE = 0.05

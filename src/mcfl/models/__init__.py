@@ -8,11 +8,7 @@
 - ``logreg``: multinomial logistic regression (LEAF synthetic; LEAF's sigmoid-before-softmax quirk is
   not reproduced: this is the plain model its data generator assumes).
 - ``digits_cnn``: a small CNN for 8x8 digits: conv3x3 16 -> ReLU -> pool -> conv3x3 32 -> ReLU -> pool
-  -> dense 64 -> ReLU -> dense classes, in the fastest form of that function on a CPU
-  (``benchmarks/digits_cnn_forms.py`` times the forms): on one input channel its first convolution
-  is computed as patches times kernel (:class:`PatchConv2d`), and each pooling comes before its
-  ReLU (max commutes with the monotone ReLU and the gradient reaches the same input either way, ties
-  included: bit for bit the order above, ``tests/test_engine.py``).
+  -> dense 64 -> ReLU -> dense classes.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -51,32 +46,11 @@ def logreg(input_shape, n_classes: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(dim, n_classes))
 
 
-class PatchConv2d(nn.Conv2d):
-    """A stride-1 ``nn.Conv2d`` computed as its input's patches (``F.unfold``) times the kernel: the
-    same function and parameters, rounded differently (gradients within 1e-7 of the convolution's).
-    For a first layer with one input channel it is the faster form on a CPU: under the batched
-    executor's ``vmap`` a convolution becomes a grouped one with one channel per group, which
-    oneDNN runs slowly, while the patches form is one batched matrix product (the digits CNN's
-    stacked step of 100 clients 1.1-1.3x faster: ``benchmarks/digits_cnn_forms.py``)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1 or isinstance(self.padding, str):
-            return super().forward(x)
-        n, _, h, w = x.shape
-        (kh, kw), (ph, pw) = self.kernel_size, self.padding
-        ho, wo = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
-        patches = F.unfold(x, self.kernel_size, padding=self.padding)          # (n, c*kh*kw, ho*wo)
-        y = torch.matmul(patches.transpose(1, 2), self.weight.flatten(1).t())  # (n, ho*wo, out)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(n, ho, wo, self.out_channels).permute(0, 3, 1, 2)
-
-
 def digits_cnn(input_shape, n_classes: int, hidden: int = 64) -> nn.Module:
     c, h, w = input_shape
     return nn.Sequential(
-        (PatchConv2d if c == 1 else nn.Conv2d)(c, 16, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), hidden), nn.ReLU(),
         nn.Linear(hidden, n_classes),
     )
