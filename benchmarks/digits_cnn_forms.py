@@ -40,6 +40,7 @@ from torch.func import functional_call, vmap
 
 from _common import machine
 
+
 class PatchConv2d(nn.Conv2d):
     """A stride-1 ``nn.Conv2d`` computed as its input's patches (``F.unfold``) times the kernel: the
     same function and parameters, rounded differently. Not in the package (see the module

@@ -179,7 +179,8 @@ def test_batchable_custom_loss_with_a_constant_buffer_stacks_like_sequential(tmp
     """A ``batchable`` Task.loss trains on the stacked path (no per-client ``train``), over padded
     batches, to the sequential weights; its diagnostics add up over the steps: the rows seen are
     exactly the epochs x the client's samples (or steps x batch, at most, with a short last batch);
-    the buffer comes back unchanged in every result."""
+    the buffer comes back unchanged in every result. A call with one client takes the sequential
+    loop: bit for bit the sequential executor's."""
     data = _ragged_store(tmp_path)
     torch.manual_seed(0)
     fm = FlatModel(_Scaled())
@@ -201,6 +202,10 @@ def test_batchable_custom_loss_with_a_constant_buffer_stacks_like_sequential(tmp
         seen = int(n) * spec.epochs if spec.steps is None else None
         if seen is not None:
             assert float(bat[c].aux[0]) == seen, c
+    lone = BatchedTrainer(fm, dev, spec, seed=1, chunk=4, fallback="stacked")
+    lone._run_chunks = None                     # a call with one client never takes the stacked path
+    [(_, r)] = list(lone.run(tasks[:1], 5))
+    assert torch.equal(r.weights, seq[0].weights) and torch.equal(r.aux, seq[0].aux)
 
 
 def test_a_sequential_model_with_a_constant_buffer_keeps_it_off_the_low_rank_path(tmp_path):

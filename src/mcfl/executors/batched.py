@@ -63,6 +63,8 @@ log = logging.getLogger("mcfl")
 
 #: forward multiply-adds per sample up to which the stacked path is the CPU fallback (see above)
 STACKED_CPU_MACS = 1_000_000
+#: what the path-choice log lines add for a call with one such client (module docstring)
+LONE = {"stacked": " (one client alone: the sequential loop)", "sequential": ""}
 
 
 class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
@@ -207,7 +209,7 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
                 projected = (" (its projection matrices as low-rank histories where mcfl.executors.PROJECTED "
                              "allows)" if self._projected and self.lowrank > 0 and self.fallback == "stacked" else "")
                 self._say(f"batched executor: a custom local loss trains on the {self.fallback} path{projected}, "
-                          f"the faster one for this model on {self.model.device.type}")
+                          f"the faster one for this model on {self.model.device.type}{LONE[self.fallback]}")
                 if self.fallback == "stacked" and len(tasks) > 1:
                     yield from self._run_chunks(tasks, steps, rnd, False)
                     return
@@ -218,7 +220,7 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
         if slow:
             said = (f"batched executor: clients whose local update cannot take the low-rank path "
                     f"({self._why_slow()}) train on the {self.fallback} path, the faster one for this "
-                    f"model on {self.model.device.type}")
+                    f"model on {self.model.device.type}{LONE[self.fallback]}")
             self._say(f"{said} (first in round {rnd}: {len(slow)} of {len(tasks)} clients)", key=said)
             if self.fallback == "sequential" or len(slow) == 1:    # one client: stacking adds only cost
                 yield from super().run(slow, rnd)
