@@ -86,6 +86,37 @@ def test_the_authors_code_column_reads_v1_of_its_own_results(tmp_path):
     assert "(this study has not been run yet)" in none
 
 
+def test_the_authors_code_section_pairs_its_runs_with_its_own_fedavg(tmp_path):
+    """Under the authors' code settings: FeSEM(2)'s authors' runs against the authors' FedAvg of the
+    same seeds (not the standard FedAvg): the paper's margin (84.8 - 84.9), Δ under V1 paired over
+    seeds, Δ under the standard evaluation with the sign test over images, by hand."""
+    runs = [fake_run(tmp_path / "std" / "runs" / "d", "FedAvg", 0, 0.99, [1, 1, 1, 1, 1]),
+            fake_run(tmp_path / "std" / "runs" / "d", "FeSEM(2)", 0, 0.10, [0, 0, 0, 0, 0])]
+    authors = tmp_path / "authors" / "runs" / "d"
+    fake_run(authors, "FedAvg", 0, 0.80, [1, 1, 0, 0, 1], v1=0.70)
+    fake_run(authors, "FedAvg", 1, 0.60, [1, 0, 0, 1, 1], v1=0.80)
+    fake_run(authors, "FeSEM(2)", 0, 0.70, [1, 1, 1, 1, 0], v1=0.90)
+    fake_run(authors, "FeSEM(2)", 1, 0.90, [1, 1, 1, 1, 1], v1=0.85)
+    fake_run(authors, "FeSEM(2)", 2, 0.50, [0, 0, 0, 0, 0], v1=0.10)     # no FedAvg seed 2: not paired
+    t = write(runs, tmp_path / "t", authors_results=tmp_path / "authors").set_index("method")
+    fesem = t.loc["FeSEM(2)"]
+    assert fesem["authors_paired_seeds"] == 2
+    # V1: seed 0 +20, seed 1 +5 points; standard: seed 0 -10, seed 1 +30
+    assert fesem["authors_v1_diff_mean"] == pytest.approx(12.5)
+    assert fesem["authors_v1_diff_std"] == pytest.approx(np.std([20, 5], ddof=1))
+    assert fesem["authors_diff_vs_ref_mean"] == pytest.approx(10.0)
+    # seed 0: only FeSEM images 2, 3, only FedAvg image 4; seed 1: only FeSEM images 1, 2
+    assert (fesem["authors_only_this"], fesem["authors_only_ref"]) == (4, 1)
+    assert fesem["authors_sign_p"] == pytest.approx(binomtest(4, 5, 0.5).pvalue)
+    assert fesem["diff_vs_ref_mean"] == pytest.approx(-89.0)          # the standard column is untouched
+    md = (tmp_path / "t.md").read_text()
+    assert "## Under the authors' code settings" in md
+    assert "| FeSEM(2) | -0.1 | 61.7 ± 44.8 | +12.5 ± 10.6 | 70.0 ± 20.0 | +10.0 ± 28.3 | 4 / 1 | 0.38 | 3 (2 paired) |" in md
+    assert "| FedAvg |  | 75.0 ± 7.1 |  | 70.0 ± 14.1 |  |  |  | 2 |" in md
+    write(runs, tmp_path / "none", authors_results=tmp_path / "nowhere")
+    assert "## Under the authors' code settings" not in (tmp_path / "none.md").read_text()
+
+
 def test_the_machines_section_names_the_cells_each_machine_made(tmp_path):
     """Runs from a GPU beside CPU runs: each machine's line lists the rows and columns it trained."""
     runs = [fake_run(tmp_path, "FedAvg", 0, 0.80), fake_run(tmp_path, "FeSEM(2)", 0, 0.70)]

@@ -75,6 +75,26 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else np.nan
 
 
+def paired(mine: list[dict], ref: dict[int, dict], prefix: str = "", key: str = METRIC) -> dict:
+    """One method's runs against the reference's runs of the same seeds (``ref``: seed -> run):
+    ``paired_seeds``, the paired difference of ``key`` in points (``diff_vs_ref_mean``/``_std``) and,
+    where both runs of a seed wrote the same test images' predictions, the images only this / only
+    the reference classifies correctly (summed over seeds) with their exact sign test; every key
+    with ``prefix``."""
+    both = [m for m in mine if m["seed"] in ref]
+    out: dict = {"paired_seeds": len(both)}
+    d = [m["final"].get(key) - ref[m["seed"]]["final"].get(key) for m in both
+         if m["final"].get(key) is not None and ref[m["seed"]]["final"].get(key) is not None]
+    if d:
+        out["diff_vs_ref_mean"], out["diff_vs_ref_std"] = _stats(d)
+    counts = [paired_counts(m["hit"], ref[m["seed"]]["hit"]) for m in both
+              if "hit" in m and "hit" in ref[m["seed"]] and np.array_equal(m["y"], ref[m["seed"]]["y"])]
+    if counts:
+        out["only_this"], out["only_ref"] = (int(sum(c[i] for c in counts)) for i in (0, 1))
+        out["sign_p"] = sign_test_p(out["only_this"], out["only_ref"])
+    return {prefix + k: v for k, v in out.items()}
+
+
 def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg",
           authors_runs: list[dict] | None = None) -> pd.DataFrame:
     """The numbers of the table (one row per method label, config order)."""
@@ -84,6 +104,7 @@ def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg",
     paper = dict(zip(paper["method"], zip(paper["value"], paper["std"])))
     names = protocol_names(runs)
     ref = {m["seed"]: m for m in runs if m["label"] == reference}
+    authors_ref = {m["seed"]: m for m in authors_runs if m["label"] == reference}
     rows = []
     for label in dict.fromkeys(m["label"] for m in runs):
         mine = sorted((m for m in runs if m["label"] == label), key=lambda m: m["seed"])
@@ -96,19 +117,17 @@ def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg",
         ac = [m for m in authors_runs if m["label"] == label]
         row["authors_mean"], row["authors_std"] = _stats([m["final"].get(f"{PAPER_EVAL}/{METRIC}") for m in ac])
         row["authors_seeds"] = len(ac)
+        row["authors_standard_mean"], row["authors_standard_std"] = _stats([m["final"][METRIC] for m in ac])
         row["standard_mean"], row["standard_std"] = _stats([m["final"][METRIC] for m in mine])
         for n in names:
             row[f"{n}_mean"], row[f"{n}_std"] = _stats([m["final"].get(f"{n}/{METRIC}") for m in mine])
-        paired = [m for m in mine if m["seed"] in ref]
-        row["paired_seeds"] = len(paired) if label != reference else np.nan
-        if label != reference and paired:
-            d = [m["final"][METRIC] - ref[m["seed"]]["final"][METRIC] for m in paired]
-            row["diff_vs_ref_mean"], row["diff_vs_ref_std"] = _stats(d)
-            counts = [paired_counts(m["hit"], ref[m["seed"]]["hit"]) for m in paired
-                      if "hit" in m and "hit" in ref[m["seed"]] and np.array_equal(m["y"], ref[m["seed"]]["y"])]
-            if counts:
-                row["only_this"], row["only_ref"] = (int(sum(c[i] for c in counts)) for i in (0, 1))
-                row["sign_p"] = sign_test_p(row["only_this"], row["only_ref"])
+        if label != reference:
+            row.update(paired(mine, ref))
+            if ac:          # the authors' code runs against the authors' code reference, V1 and standard
+                row.update(paired(ac, authors_ref, "authors_"))
+                v1 = paired(ac, authors_ref, "", f"{PAPER_EVAL}/{METRIC}")
+                row["authors_v1_diff_mean"], row["authors_v1_diff_std"] = (v1.get(k, np.nan) for k in (
+                    "diff_vs_ref_mean", "diff_vs_ref_std"))
         row["machine"] = machines(mine)
         row["paper_protocol_machine"] = machines(pp)
         row["authors_machine"] = machines(ac)
@@ -167,10 +186,44 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, a
                 markdown_table(["method", "standard"] + [f"`{n}`" for n in names],
                                [[r["method"], ms(r, "standard")] + [ms(r, n) for n in names]
                                 for _, r in t.iterrows()])]
+    if authors_ran:
+        out += authors_section(t, reference)
     out += ["## Machines", "", *machines_section(t, {"standard": "machine", "paper's protocol": "paper_protocol_machine",
                                                     "authors' code": "authors_machine"},
                                                  lambda r: r["method"]), ""]
     return "\n".join(out)
+
+
+def authors_section(t: pd.DataFrame, reference: str) -> list[str]:
+    """The authors' code runs against the authors' code reference (the rows that have runs): the
+    paper's own margin, then V1 and the standard evaluation, each paired over seeds."""
+    ms = lambda r, k: mean_std(r.get(f"{k}_mean"), r.get(f"{k}_std"))  # noqa: E731
+    ref = t[t["method"] == reference]
+    paper_ref = float(ref["paper_mean"].iloc[0]) if len(ref) else np.nan
+    rows = []
+    for _, r in t[t["authors_seeds"] > 0].iterrows():
+        this = r["method"] != reference
+        margin = r["paper_mean"] - paper_ref if this else np.nan
+        counts = "" if pd.isna(r.get("authors_only_this")) else \
+            f"{int(r['authors_only_this'])} / {int(r['authors_only_ref'])}"
+        diff = lambda k: mean_std(r.get(f"{k}_mean"), r.get(f"{k}_std"), sign=True) if this else ""  # noqa: E731
+        paired_n = r.get("authors_paired_seeds")
+        seeds = f"{int(r['authors_seeds'])}" + ("" if not this or pd.isna(paired_n) or paired_n == r["authors_seeds"]
+                                               else f" ({int(paired_n)} paired)")
+        rows.append([r["method"], "" if pd.isna(margin) else f"{margin:+.1f}", ms(r, "authors"),
+                     diff("authors_v1_diff"), ms(r, "authors_standard"), diff("authors_diff_vs_ref"), counts,
+                     _p(r.get("authors_sign_p")) if this else "", seeds])
+    return ["## Under the authors' code settings", "",
+            f"The authors' code runs (the column above) against the {reference} trained with the authors' "
+            f"code settings, seed by seed. *Paper's Δ*: the paper's Table 2 value minus its {reference}. "
+            "*V1*: the authors' evaluation, which scores only the round's trained clients after local "
+            "fine-tuning; those clients differ from run to run, so its Δ is paired over seeds only. "
+            "*Standard*: the same trained models with every client tested on its own model, so the sign "
+            "test can count the test images only one of the two classifies correctly (summed over "
+            "seeds; exact two-sided binomial).", "",
+            markdown_table(["method", f"paper's Δ vs {reference}", "ours: V1", f"Δ vs {reference} (V1)",
+                            "ours: standard", f"Δ vs {reference} (standard)", f"images only this / only {reference}",
+                            "sign test p", "seeds"], rows), ""]
 
 
 def write(run_dirs: list[str | Path], out: str | Path, *, paper_results: str | Path | None = None,
