@@ -36,6 +36,32 @@ def test_the_overlay_is_the_recorded_command():
                                           "FeSEM(3)", "FeSEM(4)", "FeSEM-MA(3)"]
 
 
+def test_the_switches_share_the_studys_runs_and_change_one_setting_each():
+    """config/femnist-sample/authors-switches.yaml (an overlay of the base, like authors.yaml): its
+    FedAvg and FeSEM(2) are the authors' study's runs (same settings, same results folder, so
+    trained once), and each switched run differs from that FeSEM(2) in exactly the one setting its
+    name says."""
+    switches = ROOT / "config" / "femnist-sample" / "authors-switches.yaml"
+    study = {r["label"]: r for r in expand_runs(load_config(BASE, AUTHORS)) if r["seed"] == 0}
+    runs = {r["label"]: r for r in expand_runs(load_config(BASE, switches)) if r["seed"] == 0}
+    assert list(runs) == ["FedAvg", "FeSEM(2)", "FeSEM-E1(2)", "FeSEM-C10(2)", "FeSEM-Dall(2)"]
+    for label in ("FedAvg", "FeSEM(2)"):
+        assert runs[label] == study[label]
+
+    def changed(label):
+        a, b = runs["FeSEM(2)"], runs[label]
+        out = {f"train.{k}" for k in a["train"] if a["train"][k] != b["train"].get(k)}
+        return out | {f"params.{k}" for k in a["params"] if a["params"][k] != b["params"].get(k)}
+
+    assert changed("FeSEM-E1(2)") == {"train.local_epochs"}
+    assert runs["FeSEM-E1(2)"]["train"]["local_epochs"] == 1
+    assert changed("FeSEM-C10(2)") == {"train.clients_per_cluster", "train.clients_per_round"}
+    assert runs["FeSEM-C10(2)"]["train"]["clients_per_round"] == 10
+    assert not runs["FeSEM-C10(2)"]["train"].get("clients_per_cluster")
+    assert changed("FeSEM-Dall(2)") == {"params.distance"}
+    assert len({r["run_id"] for r in runs.values()}) == 5                # five run folders
+
+
 @pytest.mark.slow
 def test_two_round_variant_end_to_end(tmp_path, cli_env):
     """Base + authors overlay + a third overlay cutting it to one seed, FedAvg and FeSEM(2) with the

@@ -98,6 +98,7 @@ def test_the_authors_code_section_pairs_its_runs_with_its_own_fedavg(tmp_path):
     fake_run(authors, "FeSEM(2)", 0, 0.70, [1, 1, 1, 1, 0], v1=0.90)
     fake_run(authors, "FeSEM(2)", 1, 0.90, [1, 1, 1, 1, 1], v1=0.85)
     fake_run(authors, "FeSEM(2)", 2, 0.50, [0, 0, 0, 0, 0], v1=0.10)     # no FedAvg seed 2: not paired
+    fake_run(authors, "FeSEM-E1(2)", 0, 0.60, [1, 1, 1, 0, 0], v1=0.65)  # a switch only the authors' runs have
     t = write(runs, tmp_path / "t", authors_results=tmp_path / "authors").set_index("method")
     fesem = t.loc["FeSEM(2)"]
     assert fesem["authors_paired_seeds"] == 2
@@ -113,6 +114,10 @@ def test_the_authors_code_section_pairs_its_runs_with_its_own_fedavg(tmp_path):
     assert "## Under the authors' code settings" in md
     assert "| FeSEM(2) | -0.1 | 61.7 ± 44.8 | +12.5 ± 10.6 | 70.0 ± 20.0 | +10.0 ± 28.3 | 4 / 1 | 0.38 | 3 (2 paired) |" in md
     assert "| FedAvg |  | 75.0 ± 7.1 |  | 70.0 ± 14.1 |  |  |  | 2 |" in md
+    # the switch: its own row of the section (seed 0: V1 -5, standard -20; only it gets image 2, only FedAvg
+    # image 4), not one of the table above
+    assert "| FeSEM-E1(2) |  | 65.0 | -5.0 | 60.0 | -20.0 | 1 / 1 | 1 | 1 |" in md
+    assert md.count("FeSEM-E1(2)") == 1 and t.loc["FeSEM-E1(2)", "seeds"] == 0
     write(runs, tmp_path / "none", authors_results=tmp_path / "nowhere")
     assert "## Under the authors' code settings" not in (tmp_path / "none.md").read_text()
 

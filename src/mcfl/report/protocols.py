@@ -97,7 +97,8 @@ def paired(mine: list[dict], ref: dict[int, dict], prefix: str = "", key: str = 
 
 def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg",
           authors_runs: list[dict] | None = None) -> pd.DataFrame:
-    """The numbers of the table (one row per method label, config order)."""
+    """The numbers of the table: one row per method label (config order), then one per label only
+    the authors' code runs have (their settings switched one at a time), with those columns alone."""
     authors_runs = authors_runs or []
     paper = paper_tables()
     paper = paper[(paper["paper"] == "journal") & (paper["dataset"] == "FEMNIST") & (paper["metric"] == METRIC)]
@@ -106,7 +107,7 @@ def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg",
     ref = {m["seed"]: m for m in runs if m["label"] == reference}
     authors_ref = {m["seed"]: m for m in authors_runs if m["label"] == reference}
     rows = []
-    for label in dict.fromkeys(m["label"] for m in runs):
+    for label in dict.fromkeys([m["label"] for m in runs] + [m["label"] for m in authors_runs]):
         mine = sorted((m for m in runs if m["label"] == label), key=lambda m: m["seed"])
         row = {"method": label, "seeds": len(mine)}
         row["paper_mean"], row["paper_std"] = paper.get(label, (np.nan, np.nan))
@@ -122,7 +123,8 @@ def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg",
         for n in names:
             row[f"{n}_mean"], row[f"{n}_std"] = _stats([m["final"].get(f"{n}/{METRIC}") for m in mine])
         if label != reference:
-            row.update(paired(mine, ref))
+            if mine:
+                row.update(paired(mine, ref))
             if ac:          # the authors' code runs against the authors' code reference, V1 and standard
                 row.update(paired(ac, authors_ref, "authors_"))
                 v1 = paired(ac, authors_ref, "", f"{PAPER_EVAL}/{METRIC}")
@@ -156,7 +158,8 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, a
         head.remove("ours: authors' code")
     authors_ran = t["authors_seeds"].sum() > 0
     rows = []
-    for _, r in t.iterrows():
+    ours = t[t["seeds"] > 0]                    # the authors' code switches have their own section
+    for _, r in ours.iterrows():
         pp = ms(r, "paper_protocol") or "not run"
         n = int(r["paper_protocol_seeds"])
         pp += f" ({n} seed{'s' if n > 1 else ''})" if n else ""
@@ -185,7 +188,7 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, a
                 "(V2; methods without clusters, NoFed included, as the standard).", "",
                 markdown_table(["method", "standard"] + [f"`{n}`" for n in names],
                                [[r["method"], ms(r, "standard")] + [ms(r, n) for n in names]
-                                for _, r in t.iterrows()])]
+                                for _, r in ours.iterrows()])]
     if authors_ran:
         out += authors_section(t, reference)
     out += ["## Machines", "", *machines_section(t, {"standard": "machine", "paper's protocol": "paper_protocol_machine",
@@ -220,7 +223,8 @@ def authors_section(t: pd.DataFrame, reference: str) -> list[str]:
             "fine-tuning; those clients differ from run to run, so its Δ is paired over seeds only. "
             "*Standard*: the same trained models with every client tested on its own model, so the sign "
             "test can count the test images only one of the two classifies correctly (summed over "
-            "seeds; exact two-sided binomial).", "",
+            "seeds; exact two-sided binomial). Rows the table above lacks are authors' code runs with "
+            "one of their settings switched back (the run's name says which).", "",
             markdown_table(["method", f"paper's Δ vs {reference}", "ours: V1", f"Δ vs {reference} (V1)",
                             "ours: standard", f"Δ vs {reference} (standard)", f"images only this / only {reference}",
                             "sign test p", "seeds"], rows), ""]
