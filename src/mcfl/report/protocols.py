@@ -227,7 +227,7 @@ def authors_section(t: pd.DataFrame, reference: str) -> list[str]:
             "one of their settings switched back (the run's name says which).", "",
             markdown_table(["method", f"paper's Δ vs {reference}", "ours: V1", f"Δ vs {reference} (V1)",
                             "ours: standard", f"Δ vs {reference} (standard)", f"images only this / only {reference}",
-                            "sign test p", "seeds"], rows), ""]
+                            "sign test p", "seeds"], rows)]
 
 
 def write(run_dirs: list[str | Path], out: str | Path, *, paper_results: str | Path | None = None,
