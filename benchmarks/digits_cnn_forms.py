@@ -24,8 +24,15 @@ line times a lone client both ways (stacked as a ``vmap`` over one client, and o
 module), which is why the batched executor now hands a call with one client to the sequential
 loop. Forms are interleaved rep by rep; CPU seconds per step, the least of ``--reps``; one thread.
 
+``--scaling`` adds where the zoo's stacked step stands on this core: its time per 100 clients at
+chunks of 25 to 300 clients (flat past 100 means no per-call cost is left for larger chunks to
+share out), and the multiply-adds it does per second against the LEAF FEMNIST CNN's plain step
+(hidden 248, batch 10, the sequential loop's step on the real writers) on the same core, counting
+a training step as three forward passes (forward, input gradient, weight gradient).
+
     python benchmarks/digits_cnn_forms.py
     python benchmarks/digits_cnn_forms.py --reps 40 --clients 100
+    python benchmarks/digits_cnn_forms.py --scaling
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from _common import machine
+from mcfl.executors.stack import forward_macs
+from mcfl.models import femnist_cnn
 
 
 class PatchConv2d(nn.Conv2d):
@@ -99,6 +108,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--batch", type=int, default=10)
     ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--scaling", action="store_true",
+                    help="also time the stacked step per chunk size and its multiply-add rate (module docstring)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -132,6 +143,32 @@ def main() -> None:
                    "plain": lambda: plain_step(net, x[0, :5], y[0, :5])}, args.reps, 20)
     print(f"\nA lone client, batch 5 (conv-relu-pool, the zoo's form): stacked as a vmap over one client {t['vmap'] * 1e3:.2f} ms, "
           f"plain module {t['plain'] * 1e3:.2f} ms a step ({t['vmap'] / t['plain']:.2f}x)")
+    if args.scaling:
+        scaling(net, B, args.reps)
+
+
+def scaling(net: nn.Module, batch: int, reps: int) -> None:
+    """The stacked step's time per 100 clients by chunk size, and its multiply-add rate against
+    the LEAF CNN's plain step (module docstring)."""
+    macs = forward_macs(net, torch.zeros(1, 1, 8, 8))
+    times = {}
+    for c in (25, 50, 100, 200, 300):
+        x = torch.randint(0, 17, (c, batch, 1, 8, 8)).float()
+        y = torch.randint(0, 10, (c, batch))
+        params = {n: p.detach().expand(c, *p.shape) + 0.01 * torch.randn(c, *p.shape)
+                  for n, p in net.named_parameters()}
+        times[c] = cpu_times({"s": lambda: stacked_step(net, params, x, y)}, max(5, reps // 4), 1)["s"]
+    leaf = femnist_cnn((1, 28, 28), 62, hidden=248)
+    lx, ly = torch.randn(10, 1, 28, 28), torch.randint(0, 62, (10,))
+    t_leaf = cpu_times({"p": lambda: plain_step(leaf, lx, ly)}, max(5, reps // 4), 2)["p"]
+    leaf_macs = forward_macs(leaf, lx[:1])
+    print(f"\nThe stacked step by chunk (batch {batch}): "
+          + ", ".join(f"{c} clients {t * 1e3:.1f} ms ({t * 1e3 * 100 / c:.1f} ms per 100)" for c, t in times.items()))
+    rate = 3 * macs * batch * 100 / times[100] / 1e9
+    leaf_rate = 3 * leaf_macs * 10 / t_leaf / 1e9
+    print(f"Multiply-adds per second, a training step counted as 3 forward passes: the digits CNN stacked, "
+          f"100 clients x batch {batch} ({macs / 1e3:.0f}K a sample), {rate:.1f} G/s; the LEAF CNN, hidden "
+          f"248, plain, batch 10 ({leaf_macs / 1e6:.1f}M a sample), {leaf_rate:.1f} G/s ({leaf_rate / rate:.1f}x)")
 
 
 if __name__ == "__main__":
