@@ -31,7 +31,7 @@ import numpy as np
 
 from _common import ROOT
 
-from mcfl import cost
+from mcfl import cost, workload
 from mcfl.config import load_config, expand_runs
 from mcfl.trainspec import TrainSpec
 
@@ -47,11 +47,11 @@ STUDIES = {
 NOWHERE = Path("/nonexistent-store")      # size every dataset from its source, not a local store
 
 
-def work(run: dict, size: cost.DataSize) -> tuple[int, int, int]:
+def work(run: dict, size: workload.DataSize) -> tuple[int, int, int]:
     """(client steps per round, evaluations, test samples per evaluation) of a run."""
     train = TrainSpec.of(run["train"])
-    steps = cost.round_clients(run, size.n_clients) * cost.local_steps(train, size.n_train / size.n_clients)
-    return steps, cost.evaluations(train.rounds, train.eval_every), size.n_test
+    steps = workload.round_clients(run, size.n_clients) * workload.local_steps(train, size.n_train / size.n_clients)
+    return steps, workload.evaluations(train.rounds, train.eval_every), size.n_test
 
 
 def archived(root: Path) -> list[dict]:
@@ -63,7 +63,7 @@ def archived(root: Path) -> list[dict]:
             continue
         run = m["config"]
         ds = {"model": run["model"], "prepare": run["data"], "train": run["train"]}
-        size = cost.data_size(ds, NOWHERE, NOWHERE)
+        size = workload.data_size(ds, NOWHERE, NOWHERE)
         steps, evals, n_test = work(run, size)
         out.append({"gpu": m.get("device_name", "cuda"), "label": m["label"], "rounds": m["rounds"],
                     "steps": steps, "evals": evals, "n_test": n_test,
@@ -84,7 +84,7 @@ def fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 def price(paths: list[str], model: dict, by_label: dict[str, list[dict]]) -> tuple[int, int, float]:
     """(runs, runs priced by the fit, seconds) of a config."""
     cfg = load_config(*[ROOT / p for p in paths])
-    sizes = {d: cost.data_size(ds, NOWHERE, NOWHERE) for d, ds in cfg["datasets"].items()}
+    sizes = {d: workload.data_size(ds, NOWHERE, NOWHERE) for d, ds in cfg["datasets"].items()}
     total, fitted, runs = 0.0, 0, expand_runs(cfg)
     for run in runs:
         steps, evals, n_test = work(run, sizes[run["dataset"]])

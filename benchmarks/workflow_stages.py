@@ -16,7 +16,13 @@ The newest Snakemake log that reports an elapsed time gives the whole DAG's wall
 
 ``--replay N`` replays the jobs' measured times on N slots (list scheduling, dependencies ignored)
 longest first and in 200 random orders: how much ordering the jobs could save on N cores or GPU
-slots.
+slots. With ``--config`` (the run's config files) it also replays the training and centre jobs with
+their dependencies (a run after its centre file) in the order the workflow starts them, highest
+``priority:`` first (``mcfl.plan.train``: each run's work from its config, centre files above the
+runs waiting for them; ties in random order), against random orders.
+
+    python benchmarks/workflow_stages.py --results docs/results/archived-runs/results-femnist-sample \
+        --logs docs/results/archived-runs/results-femnist-sample --replay 14 --config config/femnist-sample.yaml
 
 ``--md`` writes the stage table and the training jobs summed per dataset as Markdown, with the
 machine and commit of the ``make reproduce`` that made them (``logs/reproduce.json``);
@@ -99,6 +105,64 @@ def replay(times: list[float], slots: int, orders: int = 200) -> tuple[float, fl
     return longest, median
 
 
+def makespan_dag(times: list[float], deps: list[list[int]], slots: int, key: list) -> float:
+    """When the last job ends if, whenever a slot is free, the ready job (its dependencies done)
+    with the smallest ``key`` starts: how Snakemake's scheduler runs a DAG by priority."""
+    n, done, started, now = len(times), set(), set(), 0.0
+    running: list[tuple[float, int]] = []
+    while len(done) < n:
+        ready = sorted((i for i in range(n) if i not in started and all(d in done for d in deps[i])),
+                       key=lambda i: key[i])
+        for i in ready[:slots - len(running)]:
+            started.add(i)
+            heapq.heappush(running, (now + times[i], i))
+        now, i = heapq.heappop(running)
+        done.add(i)
+    return now
+
+
+def replay_priorities(df: pd.DataFrame, config_files: list[str], slots: int, orders: int = 200) -> tuple[float, float]:
+    """The training and centre-initialisation jobs replayed with their dependencies (a run after
+    its centre file) on ``slots``: highest ``priority:`` first as the workflow computes it for these
+    config files (ties in random order), against random orders; medians over ``orders``."""
+    from types import SimpleNamespace
+
+    from mcfl.cluster.spec import centre_key
+    from mcfl.config import name_defaults, read_configs, validate
+    from mcfl.plan import Plan
+
+    cfg = read_configs(config_files)
+    name_defaults(cfg, config_files[-1])
+    plan = Plan(validate(cfg, " + ".join(config_files)))
+    jobs = df[df.stage.isin(["train", "init"])].reset_index(drop=True)
+    index = {(st, j): i for i, (st, j) in enumerate(zip(jobs.stage, jobs.job))}
+    prio, deps = [], []
+    for stage, job in zip(jobs.stage, jobs.job):
+        d, name, last = job.split("/")
+        seeds = plan.training.group_seeds if last == "seeds" else [last[4:]]
+        w = SimpleNamespace(dataset=d, run=name, centres=name, seed=seeds[0])
+        if stage == "init":
+            prio.append(plan.training.init_priority(w))
+            deps.append([])
+            continue
+        prio.append(plan.training.group_priority(w) if last == "seeds" else plan.training.train_priority(w))
+        runs = [plan.runs[(d, name, s)] for s in seeds]
+        deps.append([index[("init", f"{d}/{centre_key(r)}/seed{r['seed']}")] for r in runs
+                     if r["needs_centres"] and ("init", f"{d}/{centre_key(r)}/seed{r['seed']}") in index])
+    times = jobs.s.tolist()
+    ranked, shuffled = [], []
+    for i in range(orders):
+        tie = list(range(len(times)))
+        random.Random(i).shuffle(tie)
+        ranked.append(makespan_dag(times, deps, slots, [(-p, t) for p, t in zip(prio, tie)]))
+        shuffled.append(makespan_dag(times, deps, slots, tie))
+    by_priority, median = statistics.median(ranked), statistics.median(shuffled)
+    print(f"# {len(times)} training and centre jobs, {sum(times):.0f} s, replayed on {slots} slots with their "
+          f"dependencies: the workflow's priorities {by_priority:.0f} s (ties in random order), random order "
+          f"{median:.0f} s (medians of {orders})")
+    return by_priority, median
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=ROOT / "results")
@@ -108,6 +172,9 @@ def main(argv=None) -> int:
                     help="make reproduce's record, for the Markdown's machine line")
     ap.add_argument("--replay", type=int, metavar="N",
                     help="replay the measured job times on N slots, longest first and in random orders")
+    ap.add_argument("--config", nargs="+", metavar="FILE",
+                    help="the run's config files: --replay also replays the training and centre jobs with "
+                         "their dependencies in the workflow's priority order")
     args = ap.parse_args(argv)
     df = read_benchmarks(args.results)
     if df.empty:
@@ -115,6 +182,8 @@ def main(argv=None) -> int:
         return 1
     if args.replay:
         replay(df.s.tolist(), args.replay)
+        if args.config:
+            replay_priorities(df, args.config, args.replay)
     print(f"# Snakemake benchmark files under {args.results / 'benchmarks'}")
     print(f"{'stage':<10} {'jobs':>5} {'sum s':>8} {'mean s':>7} {'max s':>7} {'max RSS MB':>10}")
     for stage, g in df.groupby("stage", sort=False):

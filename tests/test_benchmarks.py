@@ -153,3 +153,15 @@ def test_workflow_stages_replays_job_times_longest_first_and_in_random_orders(mo
     longest, median = ws.replay([2, 3, 2], 2, orders=20)
     assert longest == 4 and median in (4, 5)
     assert "longest first 4 s" in capsys.readouterr().out
+
+
+def test_workflow_stages_replays_a_dag_by_priority(monkeypatch):
+    """Two slots; a 1 s centre file that a 4 s run waits for, and two runs of 3 s. Centre file
+    first (what its priority asks): 1 | 3, then the 4 s run at 1 and the other 3 s run at 3 ->
+    ends at 6 s (1+4 | 3+3). The two 3 s runs first: the centre file at 3, its run at 4 -> 8 s."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import workflow_stages as ws
+
+    times, deps = [1, 4, 3, 3], [[], [0], [], []]
+    assert ws.makespan_dag(times, deps, 2, [0, 1, 2, 3]) == 6
+    assert ws.makespan_dag(times, deps, 2, [2, 3, 0, 1]) == 8

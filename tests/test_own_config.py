@@ -60,7 +60,8 @@ def _costed(tmp_path, **train):
 
 
 def test_the_estimate_is_runs_times_rounds_times_seconds_per_round(tmp_path):
-    from mcfl.cost import DataSize, estimate
+    from mcfl.cost import estimate
+    from mcfl.workload import DataSize
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=200, n_test=50, origin="test")
     batches = []
@@ -90,7 +91,8 @@ def test_the_estimate_is_runs_times_rounds_times_seconds_per_round(tmp_path):
 
 
 def test_batched_steps_are_timed_on_the_round_s_clients_at_once_and_long_studies_get_a_hint(tmp_path):
-    from mcfl.cost import DataSize, estimate
+    from mcfl.cost import estimate
+    from mcfl.workload import DataSize
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=200, n_test=50, origin="test")
     batches = []
@@ -110,7 +112,7 @@ def test_batched_steps_are_timed_on_the_round_s_clients_at_once_and_long_studies
 def test_leaf_json_sizes_come_from_num_samples(tmp_path):
     import json
 
-    from mcfl.cost import data_size
+    from mcfl.workload import data_size
 
     for split, counts in (("train", [30, 50]), ("test", [3, 5])):
         (tmp_path / split).mkdir()

@@ -1,5 +1,6 @@
 """The Snakemake DAG end to end on a tiny config, in a scratch directory."""
 
+import re
 import subprocess
 
 import pandas as pd
@@ -79,6 +80,8 @@ def test_dag_runs_end_to_end_and_reruns_only_what_changed(tmp_path, cli_env):
     write_config(tmp_path, changed)
     dry = snakemake(tmp_path, cli_env, "-n")
     assert job_counts(dry.stdout) == {"train": 6, "report": 1, "figure_cases": 1, "all": 1}  # Fig. 5: FeSEM(2)
+    # every training job carries its priority (longest first: mcfl.plan.train)
+    assert len(re.findall(r"^rule train:\n(?:    .*\n)*?    priority: [1-9]\d*$", dry.stdout, re.M)) == 6
 
 
 def test_bad_config_stops_before_any_job(tmp_path, cli_env):

@@ -18,9 +18,10 @@ number of training samples. Evaluations happen every ``eval_every`` rounds and a
 The batched executor trains a round's clients in one vectorised step: it is timed as one step on
 their batches stacked (:func:`batched_group`).
 
-The data sizes come from the prepared store when it exists, otherwise from the source: the LEAF
-JSON files' ``num_samples`` (source ``leaf_json``), the embedded writers (``femnist_sample``), or
-the published size of the dataset (:data:`TYPICAL`). Data preparation, process start-ups, reports
+The data sizes come from the prepared store when it exists, otherwise from the source
+(:func:`mcfl.workload.data_size`: the LEAF JSON files' ``num_samples``, the embedded writers, or
+the dataset's published size); the counting of steps and evaluations is :mod:`mcfl.workload`'s
+too. Data preparation, process start-ups, reports
 and the work a method adds to FedAvg's local training (FedDane's gradient pass, FedCG's graph,
 FedGSP's grouping, K selection) are not counted: those runs take longer than estimated.
 ``benchmarks/study_cost.py`` times whole rounds of each run instead (slower; it prepares the data).
@@ -31,54 +32,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 import statistics
 import time
 from pathlib import Path
 from typing import Callable
 
-#: model -> (input shape, classes) of the data it was designed for (used before a store exists)
-MODEL_SHAPES = {"femnist_cnn": ((1, 28, 28), 62), "celeba_cnn": ((3, 84, 84), 2),
-                "digits_cnn": ((1, 8, 8), 10), "logreg": ((60,), 5)}
-
-#: source -> (clients, training samples, test samples) as published, for a store not prepared yet:
-#: LEAF's FEMNIST (3,550 writers, 805,263 images; LEAF's 90/10 split) and CelebA (9,343
-#: celebrities, 200,288 images), sklearn's digits (1,797 images; the source's 80/20 default split)
-#: and LEAF's synthetic generator (about 100 samples a client on average, 80/20)
-TYPICAL = {"femnist": (3550, 724737, 80526), "celeba": (9343, 180259, 20029),
-           "digits": (100, 1438, 359), "digits_domains": (20, 1348, 449),
-           "synthetic": (100, 8000, 2000)}
+from mcfl.workload import DataSize, RunCost, data_size, evaluations, round_clients, run_cost, train_defaults
 
 #: per-step time measurement: (model block, input shape, classes, batch size, device) ->
 #: (seconds per local SGD step, seconds per test sample)
 StepTimer = Callable[[dict, tuple, int, int, str], tuple[float, float]]
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSize:
-    """What the estimate needs to know of a dataset."""
-    x_shape: tuple
-    n_classes: int
-    n_clients: int
-    n_train: int            # training samples, all clients
-    n_test: int             # test samples, all clients
-    origin: str             # where the sizes come from ("prepared store", "LEAF JSON", ...)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunCost:
-    dataset: str
-    label: str
-    seed: int
-    rounds: int
-    round_s: float          # one round's local training
-    evals: int
-    eval_s: float           # one evaluation
-    init_s: float           # centre initialisation charged to this run (0 if shared or none)
-
-    @property
-    def total_s(self) -> float:
-        return self.init_s + self.rounds * self.round_s + self.evals * self.eval_s
 
 
 @dataclasses.dataclass
@@ -145,19 +108,6 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def local_steps(train, n_per_client: float) -> int:
-    """A client's local SGD steps in a round: ``local_steps``, or ``local_epochs`` passes over
-    ``n_per_client`` samples in batches of ``batch_size``."""
-    if train.local_steps:
-        return int(train.local_steps)
-    return int(train.local_epochs) * max(1, math.ceil(n_per_client / int(train.batch_size)))
-
-
-def evaluations(rounds: int, every: int) -> int:
-    """Evaluations of a run: every ``every`` rounds, and after the last."""
-    return rounds // every + (rounds % every != 0)
-
-
 def init_passes(n_clients: int, n_params: int) -> int:
     """Passes of local training over every client that the centre initialisation makes: one, or
     two when the clients' first local models do not fit in its memory budget together
@@ -182,34 +132,6 @@ def n_params(model: dict, size: DataSize) -> int:
     return sum(p.numel() for p in net.parameters())
 
 
-def round_clients(run: dict, n_clients: int) -> int:
-    """The clients a round of ``run`` trains: ``clients_per_cluster`` x K (at most every client)
-    with per-cluster sampling, else ``clients_per_round`` (null: every client)."""
-    train = run["train"]
-    if train.get("clients_per_cluster"):
-        K = run.get("params", {}).get("K")
-        return min(int(train["clients_per_cluster"]) * (K if isinstance(K, int) else 1), n_clients)
-    return min(train.get("clients_per_round") or n_clients, n_clients)
-
-
-def run_cost(run: dict, size: DataSize, step_s: float, sample_s: float, *,
-             init_passes: int = 0) -> RunCost:
-    """One run's cost from the per-step times (the arithmetic of the module docstring);
-    ``init_passes``: local trainings of every client charged to it for the centre initialisation."""
-    from mcfl.trainspec import TrainSpec
-
-    t = TrainSpec.of(run["train"])
-    per_client = size.n_train / max(1, size.n_clients)
-    steps = local_steps(t, per_client)
-    clients = round_clients(run, size.n_clients)
-    round_s = clients * steps * step_s
-    finetune = int(t.finetune_epochs) * size.n_clients * max(1, math.ceil(per_client / int(t.batch_size)))
-    eval_s = size.n_test * sample_s + finetune * step_s
-    init_s = init_passes * size.n_clients * steps * step_s
-    return RunCost(run["dataset"], run["label"], int(run["seed"]), int(t.rounds), round_s,
-                   evaluations(int(t.rounds), int(t.eval_every)), eval_s, init_s)
-
-
 def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, DataSize] | None = None,
              pending: bool = False) -> Estimate:
     """The cost of a validated config's runs on this machine (see the module docstring).
@@ -232,7 +154,7 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
         if pending and (Path(plan.dir_of(run)) / "metrics.json").exists():
             continue
         size = sizes[run["dataset"]]
-        train = {**_train_defaults(), **run["train"]}
+        train = {**train_defaults(), **run["train"]}
         group = batched_group(train, size, run["params"])
         batch = int(train["batch_size"]) * group
         key = json.dumps([run["model"], size.x_shape, size.n_classes, batch], sort_keys=True)
@@ -266,13 +188,6 @@ def batched_group(train: dict, size: DataSize, params: dict | None = None) -> in
                   train.get("executor_chunk") or size.n_clients)
     values = int(train["batch_size"]) * math.prod(size.x_shape)
     return max(1, min(clients, BATCHED_GROUP, BATCHED_VALUES // max(1, values)))
-
-
-def _train_defaults() -> dict:
-    from mcfl.trainspec import read_schema
-
-    props = read_schema()["$defs"]["train"]["properties"]
-    return {k: v["default"] for k, v in props.items() if "default" in v}
 
 
 def _device(device: str) -> str:
@@ -329,75 +244,6 @@ def _timed(fn, repeats: int, device: str) -> float:
         sync()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
-
-
-def data_size(ds: dict, store: Path, raw_store: Path) -> DataSize:
-    """A dataset's shape and sizes: from its prepared store, else from its source (see module)."""
-    from mcfl.config import n_clients
-
-    model = ds["model"]["name"]
-    shape, classes = MODEL_SHAPES.get(model, ((1, 28, 28), 10))
-    prep = ds["prepare"]
-    clients = n_clients(ds)
-    for path in (store, raw_store):
-        meta = _meta(path)
-        if meta:
-            m = int(meta["n_clients"])
-            if path != store and clients:           # re-partitioned into this many clients
-                m = clients
-            return DataSize(tuple(meta["x_shape"]), int(meta["n_classes"]), m, int(meta["n_train"]),
-                            int(meta["n_test"]), "prepared store")
-    source = prep["source"]
-    if source == "synthetic":
-        shape, classes = (int(prep.get("dim", 60)),), int(prep.get("classes", 5))
-    if source == "leaf_json":
-        counts = _leaf_counts(Path(prep["dir"]))
-        if counts:
-            shape = tuple(prep.get("x_shape") or shape)
-            return DataSize(shape, int(prep.get("n_classes") or classes), clients or counts[0],
-                            counts[1], counts[2], "the LEAF JSON files")
-    if source == "femnist_sample":
-        import numpy as np
-
-        from mcfl.data.femnist_sample import embedded_file
-
-        with np.load(embedded_file(prep.get("run", "leaf-torch")), allow_pickle=False) as z:
-            tr, te = z["offsets_train"], z["offsets_test"]
-        return DataSize((1, 28, 28), 62, clients or len(tr) - 1, int(tr[-1]), int(te[-1]),
-                        "the embedded writers")
-    m, n_train, n_test = TYPICAL.get(source, (clients or 100, 100 * (clients or 100), 25 * (clients or 100)))
-    if clients and source in ("femnist", "celeba"):        # a sample of the writers/celebrities
-        n_train, n_test = n_train * clients // m, n_test * clients // m
-    return DataSize(shape, classes, clients or m, n_train, n_test, f"the {source} dataset's published size")
-
-
-def _meta(store: Path) -> dict | None:
-    try:
-        return json.loads((store / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-#: LEAF JSON folders larger than this are not scanned for their sizes (the check stays quick)
-SCAN_BYTES = 512 << 20
-_NUM_SAMPLES = re.compile(rb'"num_samples"\s*:\s*\[([^\]]*)\]')
-
-
-def _leaf_counts(root: Path) -> tuple[int, int, int] | None:
-    """(clients, training samples, test samples) from the ``num_samples`` lists of a LEAF data
-    folder's train/ and test/ JSON files; None when absent or larger than :data:`SCAN_BYTES`."""
-    files = {split: sorted((root / split).glob("*.json")) for split in ("train", "test")}
-    if not files["train"] or sum(f.stat().st_size for fs in files.values() for f in fs) > SCAN_BYTES:
-        return None
-    out = {}
-    for split, fs in files.items():
-        counts = []
-        for f in fs:
-            m = _NUM_SAMPLES.search(f.read_bytes())
-            if m:
-                counts += [int(v) for v in m.group(1).split(b",") if v.strip()]
-        out[split] = counts
-    return len(out["train"]), sum(out["train"]), sum(out["test"])
 
 
 def time_run(run: dict, store, device: str, rounds: int = 2, warmup: int = 1) -> dict[str, float]:

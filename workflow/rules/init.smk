@@ -12,6 +12,8 @@ rule init_centres:
         P.logs("init/{dataset}/{centres}/seed{seed}.log"),
     benchmark:
         P.res("benchmarks/init/{dataset}/{centres}/seed{seed}.tsv")
+    # before the training jobs that wait for it (mcfl.plan.train: its work plus theirs)
+    priority: P.training.init_priority
     threads: 1
     resources:
         gpu=GPU,

@@ -22,6 +22,8 @@ rule train:
         P.res("benchmarks/train/{dataset}/{run}/seed{seed}.tsv")
     wildcard_constraints:
         run=P.training.run_constraint(grouped=False),
+    # longest first (mcfl.plan.train: the run's work, from the config and the data's size)
+    priority: P.training.train_priority
     threads: 1
     resources:
         gpu=GPU,
@@ -56,6 +58,7 @@ if P.training.grouped:
             P.res("benchmarks/train/{dataset}/{run}/seeds.tsv")
         wildcard_constraints:
             run=P.training.run_constraint(grouped=True),
+        priority: P.training.group_priority
         threads: 1
         resources:
             gpu=GPU,

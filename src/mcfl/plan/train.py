@@ -1,11 +1,14 @@
 """Planning of training (``workflow/rules/train.smk``, ``init.smk``, ``select_k.smk``): each training
-job's inputs and options, the centre files runs share, the K selections of `K: auto` runs, and the
-jobs that train every seed of a run at once (`seeds_per_job: all`)."""
+job's inputs and options, the centre files runs share, the K selections of `K: auto` runs, the
+jobs that train every seed of a run at once (`seeds_per_job: all`), and the order in which jobs
+start (longest first)."""
 
 from __future__ import annotations
 
 import functools
+import math
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mcfl.cluster.spec import centre_key, centre_spec
@@ -147,3 +150,62 @@ class TrainPlan:
             if f"k{i}" in names:
                 args += ["--k-from", getattr(input, f"k{i}")]
         return args
+
+    # -- job order: longest first ---------------------------------------------------------------------
+    # Snakemake starts the ready jobs of highest ``priority:`` first. A job's priority is its work
+    # (sample passes, from the config and the data's size: _work) plus the largest priority
+    # among the jobs waiting for it, so a centre file that a long run needs starts before shorter
+    # runs, and the DAG does not end on one long run started late (list scheduling by critical path).
+    # On a GPU with many jobs at once this is what sets the DAG's end; it changes no output.
+    @functools.cached_property
+    def _work(self) -> dict[tuple, tuple[float, float]]:
+        """Each run's work, keyed like ``plan.runs``: (local training and evaluation, centre
+        initialisation) in sample passes. The arithmetic of :func:`mcfl.workload.run_cost` with a local
+        step counted as three passes over its batch (forward, input and weight gradients) and a
+        test sample as one. Nothing is measured and no model is built (every workflow invocation
+        computes it, dry runs included), so the runs of different models compare by their data
+        only; one pass of centre initialisation."""
+        from mcfl.workload import data_size, run_cost, train_defaults
+
+        defaults, sizes, out = train_defaults(), {}, {}
+        for key, run in self.runs.items():
+            name = run["dataset"]
+            if name not in sizes:
+                sizes[name] = data_size(self.plan.datasets[name], Path(self.plan.store(name)),
+                                        Path(self.plan.raw_store(name)))
+            batch = int({**defaults, **run["train"]}["batch_size"])
+            c = run_cost(run, sizes[name], 3.0 * batch, 1.0, init_passes=int(bool(run.get("needs_centres"))))
+            out[key] = (c.total_s - c.init_s, c.init_s)
+        return out
+
+    def train_priority(self, w) -> int:
+        """A one-seed training job's priority: its run's work."""
+        return _units(self._work[(w.dataset, w.run, w.seed)][0])
+
+    def group_priority(self, w) -> int:
+        """A grouped job's priority: the work of every seed it trains."""
+        return _units(sum(self._work[(w.dataset, w.run, s)][0] for s in self.group_seeds))
+
+    def init_priority(self, w) -> int:
+        """A centre file's priority: its own work plus the largest priority among the training
+        jobs that need it."""
+        own, after = 0.0, 0
+        for key, run in self.runs.items():
+            d, run_id, seed = key
+            if run["needs_centres"] and d == w.dataset and seed == w.seed and centre_key(run) == w.centres:
+                own = max(own, self._work[key][1])
+                job = _Wildcards(d, run_id, seed)
+                after = max(after, self.group_priority(job) if run_id in self.grouped else self.train_priority(job))
+        return _units(own) + after
+
+
+class _Wildcards:
+    """The wildcards of a training job, for the priority of the centre files it waits for."""
+
+    def __init__(self, dataset: str, run: str, seed: str):
+        self.dataset, self.run, self.seed = dataset, run, seed
+
+
+def _units(passes: float) -> int:
+    """A priority from work in sample passes: a positive integer (Snakemake's default is 0)."""
+    return max(1, math.ceil(passes))
