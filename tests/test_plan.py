@@ -211,10 +211,12 @@ def test_study_tables_and_pages_are_written_inside_the_results_directory():
 
 
 def test_jobs_start_longest_first_and_centres_before_the_runs_that_wait_for_them():
-    """The rules' priorities (mcfl.plan.train), by hand on dataset a of the small
-    config: no store yet, so the source's published size (20 clients' 1,348 training and 449 test
-    images, here over 10 clients: 134.8 a client, 14 steps of 10); a step counts 3 passes over
-    its batch, a test image 1."""
+    """The rules' priorities (mcfl.plan.train), by hand on dataset a of the small config: no store
+    yet, so the source's published size (20 clients' 1,348 training and 449 test images, here over
+    10 clients: 134.8 a client, 14 steps of 10); a step counts 3 forward passes of its batch, a
+    test image 1, each pass the digits CNN's 91,776 multiply-adds; in millions, rounded up."""
+    import math
+
     train = {"rounds": 2, "batch_size": 10, "local_epochs": 1, "clients_per_round": 5, "eval_every": 1}
     cfg = _small(methods=[{"method": "FedAvg"}, {"method": "FedAvg", "name": "Long", "train": {"rounds": 4}},
                           {"method": "FeSEM", "K": 2}, {"method": "FeSEM-MA", "K": 2}])
@@ -222,16 +224,36 @@ def test_jobs_start_longest_first_and_centres_before_the_runs_that_wait_for_them
         ds["train"] = dict(train)
     p = Plan(validate(cfg))
     w = lambda run, seed="0": SimpleNamespace(dataset="a", run=run, seed=seed)  # noqa: E731
-    one = 2 * 5 * 14 * 3 * 10 + 2 * 449                  # 2 rounds of 5 clients, 2 evaluations
-    assert p.training.train_priority(w("FedAvg")) == one == 5098
-    assert p.training.train_priority(w("Long")) == 2 * one
-    assert p.training.train_priority(w("FeSEM-K2", "1")) == one
-    # the centre file FeSEM(2) and FeSEM-MA(2) share: every client's first model (10 x 14 steps),
-    # plus the longer of the two runs waiting for it
-    fesem = p.run(w("FeSEM-K2"))
-    init = SimpleNamespace(dataset="a", centres=centre_key(fesem), seed="0")
-    assert p.training.init_priority(init) == 10 * 14 * 3 * 10 + one
+    mmacs = 91_776 / 1e6
+    one = (2 * 5 * 14 * 3 * 10 + 2 * 449) * mmacs          # 2 rounds of 5 clients, 2 evaluations
+    init = 10 * 14 * 3 * 10 * mmacs                         # every client's first local model
+    assert p.training.train_priority(w("FedAvg")) == math.ceil(one) == 468
+    assert p.training.train_priority(w("Long")) == math.ceil(2 * one)
+    assert p.training.train_priority(w("FeSEM-K2", "1")) == math.ceil(one)
+    # the centre file FeSEM(2) and FeSEM-MA(2) share: its own work plus the longer run waiting for it
+    centres = SimpleNamespace(dataset="a", centres=centre_key(p.run(w("FeSEM-K2"))), seed="0")
+    assert p.training.init_priority(centres) == math.ceil(init) + math.ceil(one)
     # one job for every seed: the seeds' work summed, and its centre files above it
     g = Plan(validate(dict(cfg, seeds_per_job="all")))
-    assert g.training.group_priority(SimpleNamespace(dataset="a", run="FedAvg")) == 2 * one
-    assert g.training.init_priority(init) == 10 * 14 * 3 * 10 + 2 * one
+    assert g.training.group_priority(SimpleNamespace(dataset="a", run="FedAvg")) == math.ceil(2 * one)
+    assert g.training.init_priority(centres) == math.ceil(init) + math.ceil(2 * one)
+
+
+@pytest.mark.parametrize("name,shape,classes,kw", [
+    ("digits_cnn", (1, 8, 8), 10, {}), ("digits_cnn", (1, 12, 12), 4, {"hidden": 32}),
+    ("femnist_cnn", (1, 28, 28), 62, {}), ("femnist_cnn", (1, 28, 28), 62, {"hidden": 248}),
+    ("celeba_cnn", (3, 84, 84), 2, {}), ("celeba_cnn", (3, 20, 30), 2, {"channels": 8, "blocks": 3}),
+    ("logreg", (60,), 5, {})])
+def test_forward_macs_counted_without_torch_match_the_built_models(name, shape, classes, kw):
+    """mcfl.workload.forward_macs (what job priorities use, from the architecture alone) against
+    the multiply-adds of the built model's Linear and convolution layers on one sample."""
+    import torch
+
+    from mcfl import models
+    from mcfl.executors.stack import forward_macs as counted
+    from mcfl.workload import forward_macs
+
+    net = models.build(name, shape, classes, **kw)
+    assert forward_macs({"name": name, **kw}, shape, classes) == counted(net, torch.zeros(1, *shape))
+    assert forward_macs({"name": "digits_cnn"}, (1, 8, 8), 10) == 91_776
+    assert forward_macs({"name": "no-such-model"}, (1, 8, 8), 10) is None

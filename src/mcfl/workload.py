@@ -168,3 +168,25 @@ def _leaf_counts(root: Path) -> tuple[int, int, int] | None:
                 counts += [int(v) for v in m.group(1).split(b",") if v.strip()]
         out[split] = counts
     return len(out["train"]), sum(out["train"]), sum(out["test"])
+
+
+def forward_macs(model: dict, x_shape: tuple, n_classes: int) -> int | None:
+    """Multiply-adds of one sample's forward pass through a model of the zoo (:mod:`mcfl.models`),
+    counted from its architecture without building it (no torch; ``tests/test_plan.py`` checks
+    the counts against the built models); None for a model it does not know."""
+    name, kw = model["name"], {k: v for k, v in model.items() if k != "name"}
+    if name == "logreg":
+        return math.prod(x_shape) * n_classes
+    c, h, w = x_shape
+    if name in ("femnist_cnn", "digits_cnn"):     # two 'same' convolutions, each before a 2x2 pool
+        k, (c1, c2), hidden = (25, (32, 64), kw.get("hidden", 2048)) if name == "femnist_cnn" else \
+            (9, (16, 32), kw.get("hidden", 64))
+        return (h * w * c1 * c * k + (h // 2) * (w // 2) * c2 * c1 * k
+                + c2 * (h // 4) * (w // 4) * hidden + hidden * n_classes)
+    if name == "celeba_cnn":                      # 3x3 'same' convolutions, each before a ceil pool
+        ch, total = kw.get("channels", 32), 0
+        for _ in range(kw.get("blocks", 4)):
+            total += h * w * ch * c * 9
+            c, h, w = ch, -(-h // 2), -(-w // 2)
+        return total + c * h * w * n_classes
+    return None

@@ -153,19 +153,21 @@ class TrainPlan:
 
     # -- job order: longest first ---------------------------------------------------------------------
     # Snakemake starts the ready jobs of highest ``priority:`` first. A job's priority is its work
-    # (sample passes, from the config and the data's size: _work) plus the largest priority
+    # (multiply-adds, from the config, the model and the data's size: _work) plus the largest priority
     # among the jobs waiting for it, so a centre file that a long run needs starts before shorter
     # runs, and the DAG does not end on one long run started late (list scheduling by critical path).
     # On a GPU with many jobs at once this is what sets the DAG's end; it changes no output.
     @functools.cached_property
     def _work(self) -> dict[tuple, tuple[float, float]]:
         """Each run's work, keyed like ``plan.runs``: (local training and evaluation, centre
-        initialisation) in sample passes. The arithmetic of :func:`mcfl.workload.run_cost` with a local
-        step counted as three passes over its batch (forward, input and weight gradients) and a
-        test sample as one. Nothing is measured and no model is built (every workflow invocation
-        computes it, dry runs included), so the runs of different models compare by their data
-        only; one pass of centre initialisation."""
-        from mcfl.workload import data_size, run_cost, train_defaults
+        initialisation) in millions of multiply-adds. The arithmetic of
+        :func:`mcfl.workload.run_cost` with a local step counted as three forward passes of its
+        batch (forward, input and weight gradients) and a test sample as one, each of the model's
+        multiply-adds (:func:`mcfl.workload.forward_macs`; one for a model it does not know). Nothing
+        is measured and nothing imports torch: every workflow invocation computes it, dry runs
+        included. What a method adds to local training (FedCG's graph, FedDane's gradient pass) and
+        its server step are not counted; one pass of centre initialisation."""
+        from mcfl.workload import data_size, forward_macs, run_cost, train_defaults
 
         defaults, sizes, out = train_defaults(), {}, {}
         for key, run in self.runs.items():
@@ -173,8 +175,10 @@ class TrainPlan:
             if name not in sizes:
                 sizes[name] = data_size(self.plan.datasets[name], Path(self.plan.store(name)),
                                         Path(self.plan.raw_store(name)))
+            size = sizes[name]
+            macs = (forward_macs(run["model"], tuple(size.x_shape), size.n_classes) or 1) / 1e6
             batch = int({**defaults, **run["train"]}["batch_size"])
-            c = run_cost(run, sizes[name], 3.0 * batch, 1.0, init_passes=int(bool(run.get("needs_centres"))))
+            c = run_cost(run, size, 3.0 * batch * macs, macs, init_passes=int(bool(run.get("needs_centres"))))
             out[key] = (c.total_s - c.init_s, c.init_s)
         return out
 
@@ -206,6 +210,6 @@ class _Wildcards:
         self.dataset, self.run, self.seed = dataset, run, seed
 
 
-def _units(passes: float) -> int:
-    """A priority from work in sample passes: a positive integer (Snakemake's default is 0)."""
-    return max(1, math.ceil(passes))
+def _units(work: float) -> int:
+    """A priority from work: a positive integer (Snakemake's default is 0)."""
+    return max(1, math.ceil(work))
