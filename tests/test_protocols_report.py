@@ -292,3 +292,19 @@ def test_a_student_that_puts_every_image_in_one_domain_is_reported_collapsed():
     t = pd.DataFrame([{"label": "FedCG(2)", "seed": 0, "stat": st, "eta2": 0.0, "kruskal_p": np.nan,
                        "clusters": 1} for st in STATS])
     assert "n/a (one cluster)" in to_markdown(t, {})
+
+
+def test_a_cell_whose_seeds_ran_on_two_machines_says_so(tmp_path):
+    """The paper-protocol and standard cells count the machines their seeds ran on when there are
+    several (a run's metrics.json names its device); one machine adds nothing."""
+    runs = [fake_run(tmp_path, "FedAvg", s, 0.8) for s in (0, 1)]
+    paper = [fake_run(tmp_path / "paper" / "runs" / "ds", "FedAvg", s, 0.5, v1=0.7) for s in (0, 1)]
+    for d in (runs[1], paper[1]):
+        m = json.loads((d / "metrics.json").read_text())
+        (d / "metrics.json").write_text(json.dumps(dict(m, device="cuda", device_name="H200")))
+    write(runs, tmp_path / "out" / "tab", paper_results=tmp_path / "paper")
+    row = next(line for line in (tmp_path / "out" / "tab.md").read_text().splitlines() if line.startswith("| FedAvg"))
+    assert "70.0 ± 0.0 (2 seeds, 2 machines)" in row and "80.0 ± 0.0 (2 machines)" in row
+    write(runs[:1], tmp_path / "out" / "one", paper_results=tmp_path / "nowhere")
+    row = next(line for line in (tmp_path / "out" / "one.md").read_text().splitlines() if line.startswith("| FedAvg"))
+    assert "machines" not in row

@@ -141,12 +141,21 @@ def _p(p) -> str:
     return "" if pd.isna(p) else (f"{p:.2g}" if p >= 1e-3 else "<0.001")
 
 
+def _mixed(r: pd.Series, key: str) -> str:
+    """``, N machines`` where the cell's runs ran on more than one machine (``key``: its machines
+    column, made by :func:`~mcfl.report.format.machines`), else nothing."""
+    v = r.get(key)
+    n = len(v.split("; ")) if isinstance(v, str) and v else 0
+    return f", {n} machines" if n > 1 else ""
+
+
 def _seeded(r: pd.Series, key: str, absent: str) -> str:
-    """A column's cell: mean ± std and its seed count, or ``absent`` where the row has no run."""
+    """A column's cell: mean ± std, its seed count and (when several) machines, or ``absent`` where
+    the row has no run."""
     n = int(r[f"{key}_seeds"])
     if not n:
         return absent
-    return f"{mean_std(r[f'{key}_mean'], r[f'{key}_std'])} ({n} seed{'s' if n > 1 else ''})"
+    return f"{mean_std(r[f'{key}_mean'], r[f'{key}_std'])} ({n} seed{'s' if n > 1 else ''}{_mixed(r, f'{key}_machine')})"
 
 
 def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, authors: bool = False) -> str:
@@ -160,15 +169,14 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, a
     rows = []
     ours = t[t["seeds"] > 0]                    # the authors' code switches have their own section
     for _, r in ours.iterrows():
-        pp = ms(r, "paper_protocol") or "not run"
-        n = int(r["paper_protocol_seeds"])
-        pp += f" ({n} seed{'s' if n > 1 else ''})" if n else ""
+        pp = _seeded(r, "paper_protocol", "not run")
         ac = _seeded(r, "authors", "not run" if authors_ran else "not run yet")
         counts = "" if pd.isna(r.get("only_this")) else f"{int(r['only_this'])} / {int(r['only_ref'])}"
         diff = mean_std(r.get("diff_vs_ref_mean"), r.get("diff_vs_ref_std"), sign=True)
         if diff and r["paired_seeds"] < r["seeds"]:     # the reference lacks some of this row's seeds
             diff += f" ({int(r['paired_seeds'])} of {int(r['seeds'])} seeds)"
-        rows.append([r["method"], ms(r, "paper"), pp, *([ac] if authors else []), ms(r, "standard"), diff,
+        standard = ms(r, "standard") + (f" ({_mixed(r, 'machine')[2:]})" if _mixed(r, "machine") else "")
+        rows.append([r["method"], ms(r, "paper"), pp, *([ac] if authors else []), standard, diff,
                      counts, _p(r.get("sign_p")), int(r["seeds"])])
     out = [f"# {title}", "",
            "Micro accuracy in percent, mean ± std over seeds. *Paper's protocol*: the paper's training "
@@ -177,7 +185,8 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, a
            + "*Standard*: every client "
            "tested on its own model, no fine-tuning. Δ: paired over seeds against the same seed's "
            f"{reference} (only the seeds both have); the sign test counts the test images only one of the two classifies correctly "
-           "(summed over seeds; exact two-sided binomial).", "",
+           "(summed over seeds; exact two-sided binomial). A cell whose seeds ran on more than one machine "
+           "says how many; *Machines* below names them.", "",
            markdown_table(head, rows)]
     if names:
         out += ["## The same trained models under the authors' evaluation choices", "",

@@ -1,0 +1,273 @@
+"""The ``mcfl`` sub-commands: each reads its parsed options, does its work through the package and
+returns an exit code (:data:`COMMANDS`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import textwrap
+from pathlib import Path
+
+from mcfl.cli.parser import _first_sentence, _plain, available_cores
+from mcfl.data.leaf import cli as leaf_cli
+
+def _cmd_prepare(a) -> int:
+    from mcfl.data import prepare
+
+    params = {k: v for k, v in vars(a).items() if k not in ("cmd", "source", "out", "verbose")
+              and v is not None}
+    out = prepare(a.source, a.out, **params)
+    from mcfl.data import load
+
+    d = load(out)
+    print(f"{out}: {d.n_clients} clients, {d.meta['n_train']} train / {d.meta['n_test']} test samples, "
+          f"{d.n_classes} classes, content hash {d.content_hash[:12]}")
+    return 0
+
+
+def _cmd_partition(a) -> int:
+    from mcfl.data import load
+    from mcfl.data.repartition import partition_store
+
+    out = partition_store(a.store, a.out, scheme=a.scheme, clients=a.clients, alpha=a.alpha,
+                          classes_per_client=a.classes_per_client, min_samples=a.min_samples,
+                          sizes=a.sizes, split=a.split, test_fraction=a.test_fraction, seed=a.seed)
+    d = load(out)
+    print(f"{out}: {d.meta['partition']['label']}, {d.n_clients} clients, {d.meta['n_train']} train / "
+          f"{d.meta['n_test']} test samples, content hash {d.content_hash[:12]}")
+    return 0
+
+
+def _cmd_check_config(a) -> int:
+    from mcfl.config import expand_runs, load_config
+
+    cfg = load_config(*a.config)
+    runs = expand_runs(cfg)
+    print(f"{' + '.join(a.config)}: OK, {len(runs)} training runs")
+    for r in runs:
+        print(f"  {r['dataset']:<12} {r['label']:<14} seed {r['seed']}")
+    if a.estimate:
+        from mcfl.cost import estimate
+
+        print(estimate(cfg).summary(cores=available_cores()))
+    return 0
+
+
+def _cmd_methods(a) -> int:
+    from mcfl import algorithms
+
+    for name, cls in sorted(algorithms.ALGORITHMS.items()):
+        fields = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params))
+        doc = _first_sentence(_plain((inspect.getdoc(inspect.getmodule(cls)) or "").split("\n\n")[0]))
+        text = textwrap.fill(doc, 100, initial_indent=" " * 13, subsequent_indent=" " * 13)
+        print(f"{name:<12} {fields or '(no hyperparameters)'}\n{text}")
+    return 0
+
+
+def _federation_for(run: dict, store: str, device: str, threads: int, inputs=None):
+    from mcfl.data import load
+    from mcfl.federation import build_federation, resolve_device
+    from mcfl.runner import configure_torch
+
+    from mcfl.bounds import check_run
+
+    dev = resolve_device(device)
+    configure_torch(dev, threads)
+    data = load(store)                      # verified in full before anything is written
+    check_run(run["train"], run["model"], data, K=run.get("K"), device=dev)
+    return build_federation(data, run["model"], run["train"], run["seed"], dev, inputs)
+
+
+def _cmd_init_centres(a) -> int:
+    """Initial centres from a :func:`mcfl.cluster.spec.centre_spec` (or a whole run's JSON)."""
+    from mcfl.cluster.init import init_centres, save_centres
+    from mcfl.cluster.spec import centre_spec
+
+    from mcfl.config import parse_run
+
+    spec = parse_run(a.run, spec_ok=True)
+    if "params" in spec:                                  # a run: its centre spec
+        spec = centre_spec(spec)
+    if spec["K"] == "auto":
+        if not a.k_from:
+            raise ValueError("K is 'auto'; pass --k-from with the select-k result")
+        from mcfl.cluster.select_k import read_k
+
+        spec["K"] = read_k(a.k_from)
+    fed = _federation_for(spec, a.store, a.device, a.threads)
+    K = int(spec["K"])
+    c = init_centres(fed, K, progress=not a.no_progress,
+                     **{k: spec[k] for k in ("restarts", "distance", "weighted", "method", "projection")})
+    save_centres(c, a.out)
+    sizes = [int((c.assign == k).sum()) for k in range(K)]
+    print(f"{a.out}: K={K}, cluster sizes {sizes}, intra-cluster distance {c.inertia:.4g}")
+    return 0
+
+
+def _per_run(a) -> list[dict]:
+    """``mcfl train``'s options run by run: every repeated option is given once per ``--run`` (or,
+    for the optional ones, not at all)."""
+    n = len(a.run)
+    per = {"run": a.run, "out": a.out, "centres": a.centres, "checkpoint": a.checkpoint,
+           "k_from": a.k_from}
+    for name, values in per.items():
+        if values is not None and len(values) != n:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{n} --run given but {len(values)} {flag}: give {flag} once per --run"
+                             + ("" if name in ("run", "out") else " or not at all"))
+    outs = [os.path.abspath(o) for o in a.out]
+    if len(set(outs)) != n:
+        raise ValueError(f"--out repeated: each run needs its own directory ({', '.join(a.out)})")
+    return [{k: (v[i] if v is not None else None) for k, v in per.items()} for i in range(n)]
+
+
+def _cmd_train(a) -> int:
+    from mcfl.runner import train
+    from mcfl.track import make_tracker
+
+    from mcfl.config import parse_run
+
+    jobs = _per_run(a)
+    runs = [parse_run(j["run"]) for j in jobs]     # every --run checked before any trains
+    for j, run in zip(jobs, runs):
+        if run["params"].get("K") == "auto":               # checked again with the K chosen
+            run = parse_run(json.dumps(_resolve_k(run, j["k_from"])))
+        tracker = make_tracker(a.tracking, run.get("experiment", "mcfl"))
+        inputs = {"centres": j["centres"]} if j["centres"] else None
+        res = train(run, a.store, j["out"], inputs=inputs, tracker=tracker, device=a.device,
+                    threads=a.threads, checkpoint=j["checkpoint"], progress=not a.no_progress)
+        f = res["final"]
+        extra = f", ARI {f['ari']:.3f}" if "ari" in f else ""
+        print(f"{run['dataset']} {run['label']} seed {run['seed']}: micro acc {f['micro_acc']:.4f}, "
+              f"macro acc {f['macro_acc']:.4f}{extra} ({res['wall_s']} s)", flush=True)
+    return 0
+
+
+def _resolve_k(run: dict, k_from: str | None) -> dict:
+    """A `K: auto` run takes its K from the select_k rule's file."""
+    if run["params"].get("K") != "auto":
+        return run
+    if not k_from:
+        raise ValueError(f"{run['label']}: K is 'auto'; pass --k-from with the select-k result")
+    from mcfl.cluster.select_k import read_k
+
+    return dict(run, params={**run["params"], "K": read_k(k_from)})
+
+
+def _cmd_select_k(a) -> int:
+    from mcfl.runner import configure_torch
+    from mcfl.federation import resolve_device
+    from mcfl.select_k import select_k
+
+    from mcfl.config import parse_run
+
+    run = parse_run(a.run)
+    if not run.get("select_k"):
+        raise ValueError(f"{run['label']}: not a `K: auto` run (no select_k settings)")
+    configure_torch(resolve_device(a.device), a.threads)
+    res = select_k(run, a.store, a.out, device=a.device, threads=a.threads)
+    scores = ", ".join(f"K={s['K']}: acc {s['micro_acc']:.4f}" for s in res["scores"])
+    print(f"{run['dataset']} {run['label']} seed {run['seed']}: chose K={res['K']} ({scores})")
+    return 0
+
+
+def _cmd_track(a) -> int:
+    from mcfl.io import atomic_path
+    from mcfl.track import tracking_uri
+    from mcfl.record import record_finished
+
+    pairs = record_finished(a.runs, a.experiment)
+    with atomic_path(a.out) as tmp:
+        tmp.write_text("run_dir\tmlflow_run_id\n" + "".join(f"{d}\t{r}\n" for d, r in pairs))
+    print(f"{len(pairs)} runs recorded in {tracking_uri()} (experiment {a.experiment!r})")
+    return 0
+
+
+def _cmd_report(a) -> int:
+    from mcfl.report import write_report
+
+    sources = dict(x.split("=", 1) for x in a.sources or [])
+    write_report([Path(p) for p in a.runs], Path(a.out), sources)
+    return 0
+
+
+def _cmd_report_fedcg(a) -> int:
+    from mcfl.report.fedcg import write_fedcg_report
+
+    write_fedcg_report([Path(p) for p in a.runs], Path(a.out))
+    return 0
+
+
+def _cmd_report_protocols(a) -> int:
+    from mcfl.report.protocols import write
+
+    write(a.runs, a.out, paper_results=a.paper_results, reference=a.reference, title=a.title or None,
+          authors_results=a.authors_results)
+    return 0
+
+
+def _cmd_publish(a) -> int:
+    from mcfl.report.publish import publish
+
+    publish(Path(a.results), [Path(p) for p in a.runs], Path(a.out), a.config, a.title,
+            figures=a.figures)
+    return 0
+
+
+def _cmd_report_writers(a) -> int:
+    from mcfl.report.writers import write
+
+    write(a.store, a.runs, a.out, shares=a.shares)
+    return 0
+
+
+def _cmd_report_select_k(a) -> int:
+    from mcfl.cluster.select_k import write_select_k_report
+
+    write_select_k_report([Path(p) for p in a.files], Path(a.out))
+    return 0
+
+
+def _cmd_figure(a) -> int:
+    from mcfl.report import figures
+
+    if a.figure == "clusters":
+        from mcfl.config import parse_run
+
+        from mcfl.cluster.snapshot import cluster_snapshot
+
+        run = parse_run(a.run)
+        dev = _federation_device(a.device, a.threads)
+        snap = cluster_snapshot(run, a.store, a.state, n_clients=a.clients, centres=a.projection == "pca",
+                                seed=a.seed, device=dev)
+        res = figures.clusters_figure(snap, a.out, projection=a.projection, seed=a.seed)
+    else:
+        res = figures.cases_figure(a.store, a.assignments, a.out, clients_per_cluster=a.clients,
+                                   samples=a.samples, seed=a.seed, title=a.title)
+    print(f"{a.out}: {res}")
+    return 0
+
+
+def _federation_device(device: str, threads: int):
+    from mcfl.federation import resolve_device
+    from mcfl.runner import configure_torch
+
+    dev = resolve_device(device)
+    configure_torch(dev, threads)
+    return dev
+
+
+def _cmd_fedgsp(a) -> int:
+    from mcfl.report.fedgsp import main
+
+    return main(a)
+
+
+COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
+            "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
+            "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
+            "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,
+            "report-fedcg": _cmd_report_fedcg, "report-protocols": _cmd_report_protocols,
+            "report-writers": _cmd_report_writers, "publish": _cmd_publish, "track": _cmd_track, **leaf_cli.COMMANDS}

@@ -1,0 +1,1 @@
+"""Clustering helpers: initial cluster centres for multi-center methods."""

@@ -1,0 +1,40 @@
+"""What a clustered run's initial centres depend on, and the file they are shared in.
+
+Light (no torch): the workflow reads it while planning. :mod:`mcfl.cluster.init` computes the
+centres with the options :func:`centre_options` names.
+"""
+
+from __future__ import annotations
+
+from mcfl.io import config_hash
+from mcfl.trainspec import TrainSpec
+
+
+def centre_options(params) -> dict:
+    """The k-means initialisation options of a clustered method's parameters (an object or a dict):
+    FeSEM's ``restarts``, ``distance``, ``mstep`` and ``init``, ``init_projection`` where a method
+    has them (defaults 20, all, mean, kmeans, automatic)."""
+    get = params.get if isinstance(params, dict) else (lambda k, d: getattr(params, k, d))
+    return {"restarts": get("restarts", 20), "distance": get("distance", "all"),
+            "weighted": get("mstep", "mean") == "weighted", "method": get("init", "kmeans"),
+            "projection": get("init_projection", None)}
+
+
+def centre_spec(run: dict) -> dict:
+    """Everything a clustered run's initial centres depend on: dataset, seed, model, the local update
+    that makes the clients' first models, K and the k-means options; nothing of the method itself.
+    Runs with equal specs (in the default config FeSEM(3), FeSEM-MA(3), Robust(3), HypoCluster(3))
+    share one ``init_centres`` job and file."""
+    return {"dataset": run["dataset"], "seed": run["seed"], "model": run["model"],
+            # the settings of the local update that makes the clients' first models
+            "train": {k: v for k, v in run["train"].items() if k in TrainSpec.LOCAL_KEYS},
+            "K": run["params"]["K"], **centre_options(run["params"])}
+
+
+def centre_key(run: dict) -> str:
+    """The name of a run's initial-centres file: ``K<K>-<hash of its centre_spec>``, shared by runs
+    with equal specs; a ``K: auto`` run (K known only after select-k) gets its own, by run id."""
+    if run.get("select_k"):
+        return run["run_id"]
+    spec = centre_spec(run)
+    return f"K{spec['K']}-{config_hash(spec)[:8]}"

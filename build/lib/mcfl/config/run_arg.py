@@ -1,0 +1,59 @@
+"""A run given on the command line (``mcfl train --run JSON``): :func:`parse_run` checks it as the
+config's runs are checked, with one-line errors naming the flag and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mcfl.config.files import ConfigError, _path
+from mcfl.config.validate import _check_numbers, _schema, method_params
+
+RUN_KEYS = ("dataset", "method", "label", "run_id", "seed", "params", "model", "train")
+SPEC_KEYS = ("dataset", "seed", "model", "train", "K")
+
+
+def parse_run(text: str, *, flag: str = "--run", spec_ok: bool = False) -> dict:
+    """A run's (or, with ``spec_ok``, a centre spec's) JSON text from the command line, checked:
+    JSON, the keys training reads, every number finite, a run's ``train`` against the schema and
+    its ``params`` against the method. Errors are one-line ConfigErrors naming ``flag`` and the key."""
+    import json
+
+    import jsonschema
+    from jsonschema.exceptions import best_match
+
+    from mcfl import algorithms
+
+    try:
+        run = json.loads(text)
+    except json.JSONDecodeError as e:
+        hint = " (that is a file name)" if Path(text).exists() else ""
+        raise ConfigError(f"{flag}: not JSON text{hint} ({e}); pass the run's JSON itself, as "
+                          f"`mcfl check-config` and the workflow make it") from None
+    keys = SPEC_KEYS if spec_ok and isinstance(run, dict) and "params" not in run else RUN_KEYS
+    missing = [k for k in keys if not isinstance(run, dict) or k not in run]
+    if missing:
+        raise ConfigError(f"{flag}: missing keys {', '.join(missing)}; pass a run's JSON as "
+                          f"`mcfl.config.expand_runs` makes it")
+    try:
+        _check_numbers(run, [])
+        for key in ("train", "model") + (("params",) if keys is RUN_KEYS else ()):
+            if not isinstance(run[key], dict):
+                raise ConfigError(f"{key}: must be an object, found {run[key]!r:.40}")
+        train_schema = {"$ref": "#/$defs/train", "$defs": _schema()["$defs"]}     # its $refs resolve
+        errors = list(jsonschema.Draft202012Validator(train_schema).iter_errors(run["train"]))
+        if errors:
+            e = best_match(errors)
+            raise ConfigError(f"{_path(['train', *e.absolute_path])}: {e.message}")
+        if keys is RUN_KEYS and "rounds" not in run["train"]:
+            raise ConfigError("train.rounds: missing")
+        if keys is RUN_KEYS and run["params"].get("K") != "auto":
+            if run["method"] not in algorithms.ALGORITHMS:
+                raise ConfigError(f"method: unknown method {run['method']!r}; known: "
+                                  f"{', '.join(sorted(algorithms.ALGORITHMS))}")
+            entry = {"method": run["method"], **{k: v for k, v in run["params"].items() if k != "K"}}
+            method_params(entry, "params", run["params"].get("K"))
+    except ConfigError as e:
+        raise ConfigError(f"{flag}: {e}") from None
+    return run
+
+

@@ -1,0 +1,275 @@
+"""Small I/O helpers: atomic writes, content hashes, and the git revision.
+
+Every file the package produces goes through :func:`atomic_path` (or a helper built on it) so that a
+killed process never leaves a half-written output that Snakemake or the report could mistake for a
+result: content is written to a temporary sibling (``.<name>.<pid>.<random>.tmp``) and renamed into
+place. A process killed mid-write (SIGKILL) leaves its temporary behind; the next write of the same
+path removes every such temporary whose process is gone (:func:`remove_stale_temps`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import numbers
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success rename it onto ``path``.
+
+    On error the temporary file or directory is removed and ``path`` is left untouched.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(path)
+        prefix = f".{path.name}.{os.getpid()}."
+        if is_dir:
+            tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=path.parent))
+        else:
+            fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            tmp = Path(name)
+    except OSError as e:
+        raise named(e, path) from e
+    try:
+        yield tmp
+        if is_dir and path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException as e:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and (e.filename is None or str(e.filename).startswith(str(tmp))):
+            raise named(e, path) from e         # the output's name, not the temporary's
+        raise
+
+
+def named(e: OSError, path: str | os.PathLike) -> OSError:
+    """``e`` (say ENOSPC from a ``write()``, which names no file) as an OSError of the same kind
+    naming ``path``: the CLI prints it as ``PATH: no space left on device``."""
+    what = e.strerror or str(e) or type(e).__name__
+    if e.errno is None:                          # numpy's "1433 requested and 496 written"
+        what = f"write failed ({what}; is the disk full?)"
+    return OSError(e.errno, what, str(path))
+
+
+def remove_stale_temps(path: str | os.PathLike) -> None:
+    """Remove the temporaries of :func:`atomic_path` for ``path`` left by processes that are gone."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return
+    for tmp in path.parent.iterdir():
+        if not (tmp.name.startswith(f".{path.name}.") and tmp.name.endswith(".tmp")):
+            continue
+        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):       # another file's temporary, or a live writer
+            continue
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:         # another user's process
+        return True
+    return True
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def state_on(state: dict, device: Any) -> dict:
+    """A saved algorithm state where ``init()`` would have made it, whichever device wrote it:
+    float tensors (models, centres) on ``device``, index tensors (assignments, groups) on the CPU,
+    where the algorithms read them with ``.numpy()``."""
+    import torch
+
+    return {k: v.to(device) if torch.is_tensor(v) and v.is_floating_point() else v
+            for k, v in state.items()}
+
+
+def load_tensors(path: str | os.PathLike, what: str, map_location: Any = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)`` whose every failure is one ValueError naming the
+    file (an OSError stays one): a pickle of anything but tensors, numbers and containers is
+    refused without running it, and a file that is no torch archive at all says so."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    import warnings
+
+    try:
+        with warnings.catch_warnings():      # a foreign pickle's protocol: the error below says it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except OSError:
+        raise
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: not {what}: it holds objects other than tensors, which are "
+                         f"not loaded ({first[:120]})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, TypeError, AttributeError,
+            KeyError, IndexError, MemoryError) as e:
+        raise ValueError(f"{path}: not {what} ({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    """The one JSON spelling of a config: sorted keys, no whitespace. Used for hashes and params."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default)
+
+
+def config_hash(obj: Any) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
+
+
+def git_revision(cwd: str | os.PathLike | None = None) -> str:
+    """``<sha>`` or ``<sha>-dirty`` of the checkout holding ``cwd``; ``unknown`` outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
+                             text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+# ------------------------------------------------------------------------------------------- CSV
+def _null(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and v != v) or type(v).__name__ in ("NAType", "NaTType") \
+        or (hasattr(v, "dtype") and getattr(v, "ndim", 1) == 0 and v.dtype.kind == "f" and v != v)
+
+
+def _kind(v: Any) -> str:
+    """'b', 'i', 'f' or 'o' (anything else) of a non-null scalar, as pandas infers a column."""
+    if isinstance(v, bool) or type(v).__name__ in ("bool", "bool_"):  # numpy's bool: not a Number
+        return "b"
+    if isinstance(v, numbers.Integral):
+        return "i"
+    if isinstance(v, numbers.Real):
+        return "f"
+    return "o"
+
+
+def _cells(values) -> list:
+    """One column's CSV cells as ``pandas.DataFrame(...).to_csv`` writes them: the column's dtype
+    as pandas infers it from the values (ints with a missing value are floats, bools with one are
+    objects ...), floats in numpy's spelling (pandas' ``astype(str)``), missing values empty."""
+    import numpy as np
+
+    if isinstance(values, np.ndarray) and values.dtype.kind in "biuf":
+        if values.dtype.kind == "f":
+            out = values.astype(str).astype(object)
+            out[np.isnan(values)] = ""
+            return out.tolist()
+        return values.tolist() if values.dtype.kind != "b" else [str(bool(v)) for v in values]
+    if isinstance(values, np.ndarray) and values.dtype.kind in "US":
+        return values.astype(str).tolist()
+    if not isinstance(values, (list, tuple, np.ndarray)) and hasattr(values, "__array__"):
+        return _cells(np.asarray(values))                              # a tensor ...
+    values = list(values.tolist() if isinstance(values, np.ndarray) else values)
+    null = [_null(v) for v in values]
+    kinds = {_kind(v) for v, n in zip(values, null) if not n}
+    if kinds == {"i"} and not any(null):
+        return [int(v) for v in values]
+    if kinds and kinds <= {"i", "f"}:
+        f = np.array([np.nan if n else float(v) for v, n in zip(values, null)], dtype=np.float64)
+        return _cells(f)
+    if kinds == {"b"} and not any(null):
+        return [str(bool(v)) for v in values]
+    return ["" if n else v for v, n in zip(values, null)]
+
+
+def csv_text(columns: dict[str, Any], n_rows: int | None = None) -> str:
+    """The CSV that ``pandas.DataFrame(columns).to_csv(path, index=False)`` writes, byte for byte,
+    for columns of numbers, bools and strings (a scalar fills its column), without importing pandas
+    (a training job's outputs need nothing else of it). ``tests/test_io.py`` compares the two."""
+    import csv
+    import io
+
+    if n_rows is None:
+        n_rows = next((len(v) for v in columns.values() if not _scalar(v)), 0)
+    cols = [_cells([v] * n_rows if _scalar(v) else v) for v in columns.values()]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator=os.linesep, quoting=csv.QUOTE_MINIMAL)
+    w.writerow(list(columns))
+    w.writerows(zip(*cols))
+    return buf.getvalue()
+
+
+def rows_csv(rows: list[dict[str, Any]]) -> str:
+    """``csv_text`` of ``pandas.DataFrame(rows)``: a column per key in order of first appearance,
+    empty where a row lacks the key."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return csv_text({k: [r.get(k) for r in rows] for k in keys}, len(rows))
+
+
+def _scalar(v: Any) -> bool:
+    return not isinstance(v, (list, tuple)) and getattr(v, "ndim", 0) == 0
+
+
+#: the files of a finished run directory (``mcfl train``), in the order they are written
+OUTPUTS = ("history.csv", "assignments.csv", "predictions.csv", "metrics.json")
+
+
+def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: bool = False) -> dict[str, Any]:
+    """A finished run directory's ``metrics.json`` (with ``dir``), its ``history.csv`` as a
+    DataFrame under ``history`` if asked, and if asked and the run wrote ``predictions.csv``, per
+    test image its label ``y`` and whether the run got it right ``hit``: the one reader of run
+    directories for every report."""
+    d = Path(run_dir)
+    m = json.loads((d / "metrics.json").read_text())
+    m["dir"] = d
+    if history or predictions:
+        import pandas as pd
+    if history:
+        m["history"] = pd.read_csv(d / "history.csv")
+    if predictions and (d / "predictions.csv").is_file():
+        p = pd.read_csv(d / "predictions.csv", usecols=["y", "pred"])
+        m["y"], m["hit"] = p["y"].to_numpy(), (p["y"] == p["pred"]).to_numpy()
+    return m

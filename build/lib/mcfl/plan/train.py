@@ -1,0 +1,215 @@
+"""Planning of training (``workflow/rules/train.smk``, ``init.smk``, ``select_k.smk``): each training
+job's inputs and options, the centre files runs share, the K selections of `K: auto` runs, the
+jobs that train every seed of a run at once (`seeds_per_job: all`), and the order in which jobs
+start (longest first)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mcfl.cluster.spec import centre_key, centre_spec
+from mcfl.io import canonical_json
+from mcfl.plan.runs import RUN_PATTERN
+
+if TYPE_CHECKING:
+    from mcfl.plan import Plan
+
+
+class TrainPlan:
+    """The training stage of a :class:`~mcfl.plan.Plan`."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.runs = plan.runs
+
+    # -- one run -------------------------------------------------------------------------------------
+    def run_json(self, w) -> str:
+        return canonical_json(self.plan.run(w))
+
+    def checkpoint(self, w) -> str:
+        return self.plan.res(f"checkpoints/{w.dataset}/{w.run}/seed{w.seed}.pt")
+
+    def train_inputs(self, w) -> dict[str, str]:
+        run = self.plan.run(w)
+        inputs = {"store": self.plan.store(w.dataset), **self.k_input(w)}
+        if run["needs_centres"]:
+            inputs["centres"] = self.init_path(run)
+        return inputs
+
+    # (a job's ``input`` is a list of its files: ``in`` would test the files, not the names)
+    @staticmethod
+    def k_flag(w, input) -> list[str]:
+        return ["--k-from", input.k] if "k" in input.keys() else []  # noqa: SIM118
+
+    @staticmethod
+    def centres_flag(w, input) -> list[str]:
+        return ["--centres", input.centres] if "centres" in input.keys() else []  # noqa: SIM118
+
+    # -- centre initialisation -----------------------------------------------------------------------
+    @property
+    def init_file(self) -> str:
+        """A centre file: {centres} is ``K<K>-<hash>`` (:func:`mcfl.cluster.spec.centre_key`)."""
+        return self.plan.res("init/{dataset}/{centres}/seed{seed}.pt")
+
+    def init_run(self, w) -> dict:
+        return self.plan.inits[(w.dataset, w.centres, w.seed)]
+
+    def init_json(self, w) -> str:
+        """What the centre initialisation depends on (not the method, the rounds, nor evaluation)."""
+        return canonical_json(centre_spec(self.init_run(w)))
+
+    def init_path(self, run: dict) -> str:
+        return self.init_file.format(dataset=run["dataset"], centres=centre_key(run), seed=run["seed"])
+
+    def init_inputs(self, w) -> dict[str, str]:
+        return {"store": self.plan.store(w.dataset), **self.k_input(w, self.init_run(w))}
+
+    # -- K selection ---------------------------------------------------------------------------------
+    @property
+    def select_k_file(self) -> str:
+        return self.plan.res("select_k/{dataset}/{run}/seed{seed}.json")
+
+    def auto_k(self) -> list[tuple]:
+        """The (dataset, run, seed) of runs with `K: auto` (each gets a select_k job)."""
+        return [k for k, r in self.runs.items() if r["select_k"]]
+
+    def select_k_files(self) -> list[str]:
+        return [self.select_k_file.format(dataset=d, run=r, seed=s) for d, r, s in self.auto_k()]
+
+    def k_input(self, w, run: dict | None = None) -> dict[str, str]:
+        """The select_k result a `K: auto` run takes its K from (nothing for other runs)."""
+        run = run or self.plan.run(w)
+        if not run["select_k"]:
+            return {}
+        return {"k": self.select_k_file.format(dataset=run["dataset"], run=run["run_id"], seed=run["seed"])}
+
+    def targets(self) -> list[str]:
+        return [self.plan.res("select_k.md")] if self.auto_k() else []
+
+    # -- several seeds in one training job (`seeds_per_job: all`) ----------------------------------
+    @functools.cached_property
+    def grouped(self) -> set[str]:
+        """Run ids trained one job per (dataset, run) for all seeds: with `seeds_per_job: all`, the
+        ids that exist for every configured seed (and more than one) on every dataset they run on."""
+        if self.plan.config.get("seeds_per_job", 1) != "all":
+            return set()
+        seeds = set(self.group_seeds)
+        have: dict[tuple, set] = {}
+        for d, r, s in self.runs:
+            have.setdefault((d, r), set()).add(s)
+        ids = {r for _, r in have}
+        if len(seeds) < 2:
+            return set()
+        return {r for r in ids if all(v == seeds for (_, r2), v in have.items() if r2 == r)}
+
+    def run_constraint(self, grouped: bool) -> str:
+        """The ``{run}`` wildcard's pattern for the grouped training rule (``grouped``) or the
+        per-seed one: the two never match the same run."""
+        ids = sorted(self.grouped)
+        if grouped:
+            return "|".join(re.escape(r) for r in ids)
+        # (Snakemake embeds the pattern in the whole path's: "/" follows {run} in every path of
+        # rule train, so the look-ahead ends there, not at "$")
+        return f"(?!(?:{'|'.join(re.escape(r) for r in ids)})/){RUN_PATTERN}" if ids else RUN_PATTERN
+
+    @property
+    def group_seeds(self) -> list[str]:
+        return [str(s) for s in self.plan.config["seeds"]]
+
+    def group_files(self, name: str) -> list[str]:
+        """``name`` of every seed's run directory of a grouped job (wildcards {dataset}, {run})."""
+        return [self.plan.run_file(name).replace("{seed}", s) for s in self.group_seeds]
+
+    def _group_runs(self, w) -> list[dict]:
+        return [self.runs[(w.dataset, w.run, s)] for s in self.group_seeds]
+
+    def group_inputs(self, w) -> dict[str, str]:
+        """The store, and each seed's centres file and select-k result (``centres<i>``, ``k<i>``)."""
+        inputs = {"store": self.plan.store(w.dataset)}
+        for i, run in enumerate(self._group_runs(w)):
+            if run["needs_centres"]:
+                inputs[f"centres{i}"] = self.init_path(run)
+            if run["select_k"]:
+                inputs[f"k{i}"] = self.k_input(w, run)["k"]
+        return inputs
+
+    def group_args(self, w, input) -> list[str]:
+        """``mcfl train``'s per-run options of a grouped job, seed by seed (each option repeated)."""
+        args = []
+        names = set(input.keys())
+        for i, (run, s) in enumerate(zip(self._group_runs(w), self.group_seeds)):
+            args += ["--run", canonical_json(run),
+                     "--out", self.plan.run_dir.format(dataset=w.dataset, run=w.run, seed=s),
+                     "--checkpoint", self.plan.res(f"checkpoints/{w.dataset}/{w.run}/seed{s}.pt")]
+            if f"centres{i}" in names:
+                args += ["--centres", getattr(input, f"centres{i}")]
+            if f"k{i}" in names:
+                args += ["--k-from", getattr(input, f"k{i}")]
+        return args
+
+    # -- job order: longest first ---------------------------------------------------------------------
+    # Snakemake starts the ready jobs of highest ``priority:`` first. A job's priority is its work
+    # (multiply-adds, from the config, the model and the data's size: _work) plus the largest priority
+    # among the jobs waiting for it, so a centre file that a long run needs starts before shorter
+    # runs, and the DAG does not end on one long run started late (list scheduling by critical path).
+    # On a GPU with many jobs at once this is what sets the DAG's end; it changes no output.
+    @functools.cached_property
+    def _work(self) -> dict[tuple, tuple[float, float]]:
+        """Each run's work, keyed like ``plan.runs``: (local training and evaluation, centre
+        initialisation) in millions of multiply-adds. The arithmetic of
+        :func:`mcfl.workload.run_cost` with a local step counted as three forward passes of its
+        batch (forward, input and weight gradients) and a test sample as one, each of the model's
+        multiply-adds (:func:`mcfl.workload.forward_macs`; one for a model it does not know). Nothing
+        is measured and nothing imports torch: every workflow invocation computes it, dry runs
+        included. What a method adds to local training (FedCG's graph, FedDane's gradient pass) and
+        its server step are not counted; one pass of centre initialisation."""
+        from mcfl.workload import data_size, forward_macs, run_cost, train_defaults
+
+        defaults, sizes, out = train_defaults(), {}, {}
+        for key, run in self.runs.items():
+            name = run["dataset"]
+            if name not in sizes:
+                sizes[name] = data_size(self.plan.datasets[name], Path(self.plan.store(name)),
+                                        Path(self.plan.raw_store(name)))
+            size = sizes[name]
+            macs = (forward_macs(run["model"], tuple(size.x_shape), size.n_classes) or 1) / 1e6
+            batch = int({**defaults, **run["train"]}["batch_size"])
+            c = run_cost(run, size, 3.0 * batch * macs, macs, init_passes=int(bool(run.get("needs_centres"))))
+            out[key] = (c.total_s - c.init_s, c.init_s)
+        return out
+
+    def train_priority(self, w) -> int:
+        """A one-seed training job's priority: its run's work."""
+        return _units(self._work[(w.dataset, w.run, w.seed)][0])
+
+    def group_priority(self, w) -> int:
+        """A grouped job's priority: the work of every seed it trains."""
+        return _units(sum(self._work[(w.dataset, w.run, s)][0] for s in self.group_seeds))
+
+    def init_priority(self, w) -> int:
+        """A centre file's priority: its own work plus the largest priority among the training
+        jobs that need it."""
+        own, after = 0.0, 0
+        for key, run in self.runs.items():
+            d, run_id, seed = key
+            if run["needs_centres"] and d == w.dataset and seed == w.seed and centre_key(run) == w.centres:
+                own = max(own, self._work[key][1])
+                job = _Wildcards(d, run_id, seed)
+                after = max(after, self.group_priority(job) if run_id in self.grouped else self.train_priority(job))
+        return _units(own) + after
+
+
+class _Wildcards:
+    """The wildcards of a training job, for the priority of the centre files it waits for."""
+
+    def __init__(self, dataset: str, run: str, seed: str):
+        self.dataset, self.run, self.seed = dataset, run, seed
+
+
+def _units(work: float) -> int:
+    """A priority from work: a positive integer (Snakemake's default is 0)."""
+    return max(1, math.ceil(work))

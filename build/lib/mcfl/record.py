@@ -1,0 +1,131 @@
+"""Recording finished runs into MLflow after training (``tracking: deferred``, the workflow's
+``track`` rule and ``mcfl track``), and where to look at them: the invocation's experiment
+(:func:`init_sweep`) and the command and URL that open its runs table (:func:`ui_hint`). The store,
+its faults and the live :class:`~mcfl.track.MLflowTracker` are :mod:`mcfl.track`'s."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Iterable
+
+from mcfl.io import OUTPUTS
+from mcfl.track import (VIEW_KEY, MLflowTracker, _client, _ms, _retry, check_server, differing_settings,
+                        experiment_id, store_lock, tracking_uri)
+
+log = logging.getLogger("mcfl")
+
+
+RECORD_TAG = "mcfl_record"
+
+
+def record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tuple[str, str]]:
+    """Record finished runs from their files (``metrics.json`` with the resolved config,
+    ``history.csv``; the run's outputs as artifacts) as live tracking would have: one MLflow run
+    each, tagged with ``$MCFL_SWEEP`` if set, with the training's times (it ended when its
+    ``metrics.json`` was written, and started ``wall_s`` before; each round's metrics are stamped
+    with the end of that round, from the round times in ``history.csv``). A run directory already
+    recorded is skipped: by ``mcfl track`` (a FINISHED run with tag ``mcfl_record``: the sha256 of
+    its ``metrics.json``) or live (a FINISHED run of the same ``run_hash``), so rerunning after a
+    partial rerun of the DAG adds only the new results. Idempotent under concurrency: the whole
+    lookup-and-record holds the store's ``track`` lock, and a run left unfinished by a killed
+    ``mcfl track`` is deleted and recorded again. Returns (run directory, MLflow run id) pairs."""
+    with store_lock("track"):
+        return _record_finished(run_dirs, experiment)
+
+
+def _round_times(rows: list[dict], start_s: float) -> list[int]:
+    """Each history row's end, in ms since the epoch: ``start_s`` plus the round times so far."""
+    from mcfl.timing import COLUMNS
+
+    out, t = [], start_s
+    for row in rows:
+        t += sum(float(row.get(c, 0.0) or 0.0) for c in COLUMNS)
+        out.append(_ms(t))
+    return out
+
+
+def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tuple[str, str]]:
+    import math
+
+    import pandas as pd
+
+    client = _client()
+    exp = experiment_id(client, experiment)
+    known, live = {}, {}
+    token = None
+    while True:                                       # every run of the experiment
+        page = _retry(client.search_runs, [exp], max_results=5000, page_token=token)
+        for r in page:
+            tags = r.data.tags
+            if RECORD_TAG not in tags:
+                if r.info.status == "FINISHED" and tags.get("run_hash"):    # tracked live
+                    live.setdefault(tags["run_hash"], r.info.run_id)
+            elif r.info.status == "FINISHED":
+                known[tags[RECORD_TAG]] = r.info.run_id
+            else:                                     # a killed `mcfl track` left it half-recorded
+                log.warning("deleting MLflow run %s, left unfinished by an earlier `mcfl track`",
+                            r.info.run_id)
+                _retry(client.delete_run, r.info.run_id)
+        token = page.token
+        if not token:
+            break
+    out = []
+    for d in map(Path, run_dirs):
+        raw = (d / "metrics.json").read_bytes()
+        key = hashlib.sha256(raw).hexdigest()[:32]
+        m = json.loads(raw)
+        if key in known or m.get("run_hash") in live:
+            out.append((str(d), known.get(key) or live[m["run_hash"]]))
+            continue
+        if "config" not in m:
+            raise ValueError(f"{d / 'metrics.json'}: no 'config' (written by an older mcfl); "
+                             f"rerun the training job to record it")
+        rows = [{k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
+                for row in pd.read_csv(d / "history.csv").to_dict("records")]
+        end_s = (d / "metrics.json").stat().st_mtime
+        start_s = end_s - float(m.get("wall_s") or 0.0)
+        t = MLflowTracker(experiment, client=client, defer=False)
+        t.start(m["config"], {k: m[k] for k in ("git", "data_hash", "run_hash", "threads", "torch", "cpu")
+                              if k in m}, tags={RECORD_TAG: key}, start_time=_ms(start_s))
+        t._replay(rows, _round_times(rows, start_s))
+        t.artifacts([d / f for f in OUTPUTS if (d / f).exists()])
+        t.end("FINISHED", end_time=_ms(end_s))
+        out.append((str(d), t.run_id))
+    return out
+
+
+def init_sweep(experiment: str, runs: Iterable[dict] = ()) -> str:
+    """Create the store and the experiment once, before parallel jobs start, with the runs table's
+    view showing the settings that differ between ``runs`` (the invocation's planned runs); return
+    the experiment's id. A store that cannot be used stops the invocation here, before any job is
+    submitted (:class:`TrackingError`, one line)."""
+    check_server()
+    client = _client()
+    return experiment_id(client, experiment, differing_settings(runs))
+
+
+def ui_hint(experiment_id: str, uri: str | None = None, cwd: Path | None = None) -> str:
+    """What to run and open to see the runs: ``mlflow ui ...  ->  URL`` for a sqlite store (the
+    URL ``mlflow ui`` serves by default), the URL alone for a tracking server."""
+    uri = uri or tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        return runs_link(uri, experiment_id)
+    store = uri
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        try:
+            store = f"sqlite:///{path.relative_to((cwd or Path.cwd()).resolve())}"
+        except ValueError:
+            pass
+    return f"mlflow ui --backend-store-uri {store}  ->  {runs_link('http://127.0.0.1:5000', experiment_id)}"
+
+
+def runs_link(uri: str, experiment_id: str) -> str:
+    """The UI's runs table of an experiment, in the *Model training* view, with mcfl's saved view
+    (columns, order). MLflow 3's UI picks its GenAI overview or the runs table by the
+    ``workflowType`` parameter (else what the browser last chose, GenAI by default)."""
+    return (f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs"
+            f"?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}")

@@ -1,0 +1,250 @@
+"""FeSEM's Table 2 under three training protocols, side by side with the paper.
+
+One row per method label (config order), in percent micro accuracy (mean ± std over seeds):
+
+* ``paper``: FeSEM's journal Table 2 (``paper_tables.csv``), where the paper has the row;
+* ``paper_protocol``: our runs of the paper's *training* protocol (a second results directory, e.g.
+  ``config/femnist-sample/paper.yaml``'s) scored with the authors' V1 evaluation (``v1/…``
+  columns), blank where those runs do not exist (yet);
+* ``authors``: our runs of the authors' code settings (a third results directory, e.g.
+  ``config/femnist-sample/authors.yaml``'s: FeSEM as the authors' recorded command runs it, each
+  baseline with their code's settings), scored with V1 too; blank where those runs do not exist,
+  and the Markdown says "not run yet" in every row while none does (the Markdown has this column
+  only when a results directory is named for it);
+* ``standard``: our runs of this config, standard evaluation (:mod:`mcfl.evaluation`);
+* one column per named evaluation protocol of the same runs (``v1``, ``v2``, ``active`` ...): the
+  same trained models scored with the authors' choices, each alone and together;
+* ``diff_vs_ref``: the paired difference to the reference method (FedAvg) under the standard
+  protocol, mean ± std over seeds of (this seed's accuracy - the reference's same seed), and the
+  exact two-sided sign test over test images (McNemar: the images only one of the two classifies
+  correctly, summed over seeds, from the runs' ``predictions.csv``);
+* ``seeds`` and ``machine`` (each run's device and CPU, from its ``metrics.json``), and the seeds
+  and machines of the paper-protocol and authors' code columns.
+
+Files: ``<out>.csv`` (numbers) and ``<out>.md`` (the table, the protocol switches, and the machines).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mcfl.io import atomic_path, read_run, write_text
+from mcfl.metrics import paired_counts, sign_test_p
+from mcfl.report.format import machines, machines_section, markdown_table, mean_std
+from mcfl.report.paper import paper_tables
+
+METRIC = "micro_acc"
+TITLE = "FeSEM's Table 2 on real FEMNIST writers"   # the table's heading unless a config names one
+PAPER_EVAL = "v1"          # the named protocol that scores the paper-protocol runs as the authors did
+AUTHORS_NOTE = ("*Authors' code*: FeSEM as the authors' recorded command trains it (10 local epochs, "
+                "lr 0.003, 2 clients of each cluster a round, 250 rounds, their 248-unit CNN, last-layer "
+                "distance) and each baseline with their code's settings, scored with V1 too")
+
+
+def load(run_dirs: list[str | Path]) -> list[dict]:
+    """Each finished run's metrics.json with its per-test-image hits where predictions.csv exists."""
+    return [read_run(d, predictions=True) for d in run_dirs]
+
+
+def finished(results_dir: str | Path | None) -> list[Path]:
+    """The finished run directories (with a metrics.json) under a results directory, if any."""
+    if not results_dir or not Path(results_dir).is_dir():
+        return []
+    return sorted(Path(f).parent for f in glob.glob(os.path.join(results_dir, "runs", "*", "*", "*", "metrics.json")))
+
+
+def protocol_names(runs: list[dict]) -> list[str]:
+    """The named evaluation protocols the runs were scored with, in first-seen order."""
+    names: dict[str, None] = {}
+    for m in runs:
+        for k in m["final"]:
+            if k.endswith("/" + METRIC):
+                names.setdefault(k.split("/")[0])
+    return list(names)
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    v = np.asarray([x for x in values if x is not None and not pd.isna(x)], dtype=float) * 100
+    if not len(v):
+        return np.nan, np.nan
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else np.nan
+
+
+def paired(mine: list[dict], ref: dict[int, dict], prefix: str = "", key: str = METRIC) -> dict:
+    """One method's runs against the reference's runs of the same seeds (``ref``: seed -> run):
+    ``paired_seeds``, the paired difference of ``key`` in points (``diff_vs_ref_mean``/``_std``) and,
+    where both runs of a seed wrote the same test images' predictions, the images only this / only
+    the reference classifies correctly (summed over seeds) with their exact sign test; every key
+    with ``prefix``."""
+    both = [m for m in mine if m["seed"] in ref]
+    out: dict = {"paired_seeds": len(both)}
+    d = [m["final"].get(key) - ref[m["seed"]]["final"].get(key) for m in both
+         if m["final"].get(key) is not None and ref[m["seed"]]["final"].get(key) is not None]
+    if d:
+        out["diff_vs_ref_mean"], out["diff_vs_ref_std"] = _stats(d)
+    counts = [paired_counts(m["hit"], ref[m["seed"]]["hit"]) for m in both
+              if "hit" in m and "hit" in ref[m["seed"]] and np.array_equal(m["y"], ref[m["seed"]]["y"])]
+    if counts:
+        out["only_this"], out["only_ref"] = (int(sum(c[i] for c in counts)) for i in (0, 1))
+        out["sign_p"] = sign_test_p(out["only_this"], out["only_ref"])
+    return {prefix + k: v for k, v in out.items()}
+
+
+def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg",
+          authors_runs: list[dict] | None = None) -> pd.DataFrame:
+    """The numbers of the table: one row per method label (config order), then one per label only
+    the authors' code runs have (their settings switched one at a time), with those columns alone."""
+    authors_runs = authors_runs or []
+    paper = paper_tables()
+    paper = paper[(paper["paper"] == "journal") & (paper["dataset"] == "FEMNIST") & (paper["metric"] == METRIC)]
+    paper = dict(zip(paper["method"], zip(paper["value"], paper["std"])))
+    names = protocol_names(runs)
+    ref = {m["seed"]: m for m in runs if m["label"] == reference}
+    authors_ref = {m["seed"]: m for m in authors_runs if m["label"] == reference}
+    rows = []
+    for label in dict.fromkeys([m["label"] for m in runs] + [m["label"] for m in authors_runs]):
+        mine = sorted((m for m in runs if m["label"] == label), key=lambda m: m["seed"])
+        row = {"method": label, "seeds": len(mine)}
+        row["paper_mean"], row["paper_std"] = paper.get(label, (np.nan, np.nan))
+        pp = [m for m in paper_runs if m["label"] == label]
+        row["paper_protocol_mean"], row["paper_protocol_std"] = _stats(
+            [m["final"].get(f"{PAPER_EVAL}/{METRIC}") for m in pp])
+        row["paper_protocol_seeds"] = len(pp)
+        ac = [m for m in authors_runs if m["label"] == label]
+        row["authors_mean"], row["authors_std"] = _stats([m["final"].get(f"{PAPER_EVAL}/{METRIC}") for m in ac])
+        row["authors_seeds"] = len(ac)
+        row["authors_standard_mean"], row["authors_standard_std"] = _stats([m["final"][METRIC] for m in ac])
+        row["standard_mean"], row["standard_std"] = _stats([m["final"][METRIC] for m in mine])
+        for n in names:
+            row[f"{n}_mean"], row[f"{n}_std"] = _stats([m["final"].get(f"{n}/{METRIC}") for m in mine])
+        if label != reference:
+            if mine:
+                row.update(paired(mine, ref))
+            if ac:          # the authors' code runs against the authors' code reference, V1 and standard
+                row.update(paired(ac, authors_ref, "authors_"))
+                v1 = paired(ac, authors_ref, "", f"{PAPER_EVAL}/{METRIC}")
+                row["authors_v1_diff_mean"], row["authors_v1_diff_std"] = (v1.get(k, np.nan) for k in (
+                    "diff_vs_ref_mean", "diff_vs_ref_std"))
+        row["machine"] = machines(mine)
+        row["paper_protocol_machine"] = machines(pp)
+        row["authors_machine"] = machines(ac)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _p(p) -> str:
+    return "" if pd.isna(p) else (f"{p:.2g}" if p >= 1e-3 else "<0.001")
+
+
+def _seeded(r: pd.Series, key: str, absent: str) -> str:
+    """A column's cell: mean ± std and its seed count, or ``absent`` where the row has no run."""
+    n = int(r[f"{key}_seeds"])
+    if not n:
+        return absent
+    return f"{mean_std(r[f'{key}_mean'], r[f'{key}_std'])} ({n} seed{'s' if n > 1 else ''})"
+
+
+def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, authors: bool = False) -> str:
+    """The Markdown page; ``authors``: with the authors' code column (a config that names its results)."""
+    ms = lambda r, k: mean_std(r[f"{k}_mean"], r[f"{k}_std"])  # noqa: E731
+    head = ["method", "paper (Table 2)", "ours: paper's protocol", "ours: authors' code", "ours: standard",
+            f"Δ vs {reference} (standard)", f"images only this / only {reference}", "sign test p", "seeds"]
+    if not authors:
+        head.remove("ours: authors' code")
+    authors_ran = t["authors_seeds"].sum() > 0
+    rows = []
+    ours = t[t["seeds"] > 0]                    # the authors' code switches have their own section
+    for _, r in ours.iterrows():
+        pp = ms(r, "paper_protocol") or "not run"
+        n = int(r["paper_protocol_seeds"])
+        pp += f" ({n} seed{'s' if n > 1 else ''})" if n else ""
+        ac = _seeded(r, "authors", "not run" if authors_ran else "not run yet")
+        counts = "" if pd.isna(r.get("only_this")) else f"{int(r['only_this'])} / {int(r['only_ref'])}"
+        diff = mean_std(r.get("diff_vs_ref_mean"), r.get("diff_vs_ref_std"), sign=True)
+        if diff and r["paired_seeds"] < r["seeds"]:     # the reference lacks some of this row's seeds
+            diff += f" ({int(r['paired_seeds'])} of {int(r['seeds'])} seeds)"
+        rows.append([r["method"], ms(r, "paper"), pp, *([ac] if authors else []), ms(r, "standard"), diff,
+                     counts, _p(r.get("sign_p")), int(r["seeds"])])
+    out = [f"# {title}", "",
+           "Micro accuracy in percent, mean ± std over seeds. *Paper's protocol*: the paper's training "
+           f"settings, scored with the authors' V1 evaluation (`{PAPER_EVAL}`). "
+           + (AUTHORS_NOTE + ("" if authors_ran else " (this study has not been run yet)") + ". " if authors else "")
+           + "*Standard*: every client "
+           "tested on its own model, no fine-tuning. Δ: paired over seeds against the same seed's "
+           f"{reference} (only the seeds both have); the sign test counts the test images only one of the two classifies correctly "
+           "(summed over seeds; exact two-sided binomial).", "",
+           markdown_table(head, rows)]
+    if names:
+        out += ["## The same trained models under the authors' evaluation choices", "",
+                "Each column scores the standard protocol's trained models again (mcfl.evaluation): "
+                "`active` = the round's active clients only; `finetune` = those after one epoch of local "
+                "fine-tuning; `cluster_mean` = unweighted mean over clusters; `v1` = all three (the "
+                "authors' V1 code); `v2` = every client on every cluster model, max over clusters "
+                "(V2; methods without clusters, NoFed included, as the standard).", "",
+                markdown_table(["method", "standard"] + [f"`{n}`" for n in names],
+                               [[r["method"], ms(r, "standard")] + [ms(r, n) for n in names]
+                                for _, r in ours.iterrows()])]
+    if authors_ran:
+        out += authors_section(t, reference)
+    out += ["## Machines", "", *machines_section(t, {"standard": "machine", "paper's protocol": "paper_protocol_machine",
+                                                    "authors' code": "authors_machine"},
+                                                 lambda r: r["method"]), ""]
+    return "\n".join(out)
+
+
+def authors_section(t: pd.DataFrame, reference: str) -> list[str]:
+    """The authors' code runs against the authors' code reference (the rows that have runs): the
+    paper's own margin, then V1 and the standard evaluation, each paired over seeds."""
+    ms = lambda r, k: mean_std(r.get(f"{k}_mean"), r.get(f"{k}_std"))  # noqa: E731
+    ref = t[t["method"] == reference]
+    paper_ref = float(ref["paper_mean"].iloc[0]) if len(ref) else np.nan
+    rows = []
+    for _, r in t[t["authors_seeds"] > 0].iterrows():
+        this = r["method"] != reference
+        margin = r["paper_mean"] - paper_ref if this else np.nan
+        counts = "" if pd.isna(r.get("authors_only_this")) else \
+            f"{int(r['authors_only_this'])} / {int(r['authors_only_ref'])}"
+        diff = lambda k: mean_std(r.get(f"{k}_mean"), r.get(f"{k}_std"), sign=True) if this else ""  # noqa: E731
+        paired_n = r.get("authors_paired_seeds")
+        seeds = f"{int(r['authors_seeds'])}" + ("" if not this or pd.isna(paired_n) or paired_n == r["authors_seeds"]
+                                               else f" ({int(paired_n)} paired)")
+        rows.append([r["method"], "" if pd.isna(margin) else f"{margin:+.1f}", ms(r, "authors"),
+                     diff("authors_v1_diff"), ms(r, "authors_standard"), diff("authors_diff_vs_ref"), counts,
+                     _p(r.get("authors_sign_p")) if this else "", seeds])
+    return ["## Under the authors' code settings", "",
+            f"The authors' code runs (the column above) against the {reference} trained with the authors' "
+            f"code settings, seed by seed. *Paper's Δ*: the paper's Table 2 value minus its {reference}. "
+            "*V1*: the authors' evaluation, which scores only the round's trained clients after local "
+            "fine-tuning; those clients differ from run to run, so its Δ is paired over seeds only. "
+            "*Standard*: the same trained models with every client tested on its own model, so the sign "
+            "test can count the test images only one of the two classifies correctly (summed over "
+            "seeds; exact two-sided binomial). Rows the table above lacks are authors' code runs with "
+            "one of their settings switched back (the run's name says which).", "",
+            markdown_table(["method", f"paper's Δ vs {reference}", "ours: V1", f"Δ vs {reference} (V1)",
+                            "ours: standard", f"Δ vs {reference} (standard)", f"images only this / only {reference}",
+                            "sign test p", "seeds"], rows)]
+
+
+def write(run_dirs: list[str | Path], out: str | Path, *, paper_results: str | Path | None = None,
+          reference: str = "FedAvg", title: str | None = None,
+          authors_results: str | Path | None = None) -> pd.DataFrame:
+    """Write ``<out>.csv`` and ``<out>.md`` from this config's runs, the paper-protocol runs and the
+    authors' code runs (each results directory's finished runs, if any)."""
+    runs, paper_runs = load(run_dirs), load(finished(paper_results))
+    authors_runs = load(finished(authors_results))
+    if not any(m["label"] == reference for m in runs):
+        raise ValueError(f"protocols.reference: no run labelled {reference!r} among the {len(runs)} runs "
+                         f"(labels: {sorted({m['label'] for m in runs})})")
+    t = table(runs, paper_runs, reference, authors_runs)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out.with_suffix(".csv")) as tmp:
+        t.round(4).to_csv(tmp, index=False)
+    write_text(out.with_suffix(".md"), to_markdown(t, protocol_names(runs), reference, title or TITLE,
+                                                   authors=authors_results is not None))
+    return t

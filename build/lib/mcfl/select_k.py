@@ -1,0 +1,69 @@
+"""Selecting K (FeSEM §5.2, "Selection of K"): the search.
+
+"The most straightforward solution is to run the algorithm using different K and then select the K
+with the best performance in terms of accuracy or intra-cluster distance. [...] we can randomly
+select 100 nodes and test K in FL with three communication rounds only, and then apply the K to the
+large-scale FL."
+
+:func:`select_k` does exactly that for one run whose method entry says ``K: auto``: it draws
+``clients`` clients (seeded by the run's seed), writes them to a temporary sub-store, and for each
+candidate K trains the run's own method and settings for ``rounds`` rounds with every sampled client
+in every round, through the ordinary runner (centre initialisation included). It then picks
+
+* ``accuracy``: the K with the highest micro accuracy on the sampled clients' test data, or
+* ``distance``: the K with the smallest intra-cluster distance of the last round (mean squared
+  distance of the local models to their nearest centre; FeSEM-type methods report it). This favours
+  large K; it is the paper's rule, taken literally.
+
+Ties go to the smaller K. The result (chosen K, every candidate's scores, the sampled clients) is a
+JSON file; the Snakemake rule ``select_k`` writes it and training reads the K from it
+(``mcfl train --k-from``). The settings, the sub-store and the result file are in
+:mod:`mcfl.cluster.select_k`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from mcfl.cluster.select_k import SelectK, sub_store
+from mcfl.data.store import load
+from mcfl.io import write_json
+from mcfl.runner import train
+from mcfl.streams import SELECT_K, derive_seed
+
+
+def select_k(run: dict, store, out, *, device: str = "auto", threads: int = 1) -> dict:
+    """Run the K search for ``run`` (whose ``select_k`` block holds the settings); write ``out``."""
+    sk = SelectK(**run["select_k"])
+    data = load(store)
+    rng = np.random.default_rng(derive_seed(run["seed"], SELECT_K))
+    chosen = np.sort(rng.choice(data.n_clients, size=min(sk.clients, data.n_clients), replace=False))
+    if max(sk.K) > len(chosen):
+        raise ValueError(f"select_k: K={max(sk.K)} is larger than the {len(chosen)} sampled clients")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scores = []
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".select_k.") as tmp:
+        sub = sub_store(data, chosen, Path(tmp) / "store")
+        for K in sk.K:
+            r = dict(run, params={**run["params"], "K": K}, label=f"{run['label']}:K={K}",
+                     train={**run["train"], "rounds": sk.rounds, "eval_every": sk.rounds,
+                            "clients_per_round": None, "checkpoint_every": 0})
+            final = train(r, sub, Path(tmp) / f"K{K}", device=device, threads=threads, progress=False)["final"]
+            if sk.criterion == "distance" and "intra_distance" not in final:
+                raise ValueError(f"select_k: {run['method']} reports no intra-cluster distance; "
+                                 f"use criterion: accuracy")
+            scores.append({"K": K, **{k: final[k] for k in ("micro_acc", "macro_acc", "intra_distance", "ari")
+                                      if k in final}})
+    key = (lambda s: (-s["micro_acc"], s["K"])) if sk.criterion == "accuracy" else \
+        (lambda s: (s["intra_distance"], s["K"]))
+    best = min(scores, key=key)["K"]
+    result = {"dataset": run["dataset"], "label": run["label"], "method": run["method"],
+              "seed": run["seed"], "K": int(best), "settings": dataclasses.asdict(sk),
+              "scores": scores, "clients": chosen.tolist()}
+    write_json(out, result)
+    return result
