@@ -257,3 +257,18 @@ def test_forward_macs_counted_without_torch_match_the_built_models(name, shape, 
     assert forward_macs({"name": name, **kw}, shape, classes) == counted(net, torch.zeros(1, *shape))
     assert forward_macs({"name": "digits_cnn"}, (1, 8, 8), 10) == 91_776
     assert forward_macs({"name": "no-such-model"}, (1, 8, 8), 10) is None
+
+
+def test_k_selection_and_data_jobs_start_before_what_waits_for_them():
+    """A `K: auto` run's K selection above its centre file and its training job; the data jobs
+    above every other job (they are short, and everything waits for them)."""
+    p = Plan(validate(_small()))
+    (d, run_id, seed), = [k for k in p.training.auto_k() if k[2] == "0"]
+    w = SimpleNamespace(dataset=d, run=run_id, seed=seed)
+    run = p.run(w)
+    centres = SimpleNamespace(dataset=d, centres=centre_key(run), seed=seed)
+    assert p.training.select_k_priority(w) == p.training.init_priority(centres) + 1
+    everything = [p.training.select_k_priority(SimpleNamespace(dataset=a, run=r, seed=s)) for a, r, s in p.training.auto_k()]
+    everything += [p.training.init_priority(SimpleNamespace(dataset=a, centres=c, seed=s)) for a, c, s in p.inits]
+    everything += [p.training.train_priority(SimpleNamespace(dataset=a, run=r, seed=s)) for a, r, s in p.runs]
+    assert p.training.data_priority == max(everything) + 1

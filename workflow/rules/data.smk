@@ -10,6 +10,8 @@ rule prepare:
         "logs/prepare/{dataset}.log",
     benchmark:
         P.res("benchmarks/prepare/{dataset}.tsv")
+    # before every other job: short, and everything waits for them (mcfl.plan.train)
+    priority: P.training.data_priority
     params:
         prepare=P.prepare.prepare_json,
         store_format=STORE_FORMAT,

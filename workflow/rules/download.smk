@@ -12,6 +12,8 @@ rule download:
     wildcard_constraints:
         source=P.prepare.download_constraints()["source"],
         file=P.prepare.download_constraints()["file"],
+    # before every other job: short, and everything waits for them (mcfl.plan.train)
+    priority: P.training.data_priority
     params:
         args=P.prepare.download_args,
         raw=P.prepare.download_dir,

@@ -10,6 +10,8 @@ rule partition:
         directory(P.data("partitioned/{dataset}")),
     log:
         "logs/partition/{dataset}.log",
+    # before every other job: short, and everything waits for them (mcfl.plan.train)
+    priority: P.training.data_priority
     params:
         partition=P.prepare.partition_json,
         store_format=STORE_FORMAT,  # a store of an older format is made again

@@ -10,6 +10,8 @@ rule select_k:
         P.training.select_k_file,
     log:
         P.logs("select_k/{dataset}/{run}/seed{seed}.log"),
+    # before the centre file and the run waiting for its K (mcfl.plan.train)
+    priority: P.training.select_k_priority
     threads: 1
     resources:
         gpu=GPU,

@@ -203,11 +203,32 @@ class TrainPlan:
         return _units(own) + after
 
 
-class _Wildcards:
-    """The wildcards of a training job, for the priority of the centre files it waits for."""
+    def select_k_priority(self, w) -> int:
+        """A K selection's priority: above the centre file and the training job waiting for its K
+        (its own work, a search over candidate Ks, is not counted)."""
+        run = self.runs[(w.dataset, w.run, w.seed)]
+        after = self.group_priority(w) if w.run in self.grouped else self.train_priority(w)
+        if run["needs_centres"]:
+            after = max(after, self.init_priority(_Wildcards(w.dataset, w.run, w.seed, centre_key(run))))
+        return after + 1
 
-    def __init__(self, dataset: str, run: str, seed: str):
-        self.dataset, self.run, self.seed = dataset, run, seed
+    @functools.cached_property
+    def data_priority(self) -> int:
+        """The data jobs' priority (download, partition, prepare): above every other job, since
+        they are short and every job waits for them (a dataset prepared late would hold up its
+        longest runs behind those of datasets prepared earlier)."""
+        jobs = [_Wildcards(d, r, s, centre_key(run) if run["needs_centres"] else "") for (d, r, s), run in self.runs.items()]
+        return 1 + max([self.select_k_priority(w) if self.runs[(w.dataset, w.run, w.seed)]["select_k"]
+                        else self.init_priority(w) if w.centres
+                        else self.group_priority(w) if w.run in self.grouped else self.train_priority(w)
+                        for w in jobs] or [0])
+
+
+class _Wildcards:
+    """The wildcards of a training job (and of its centre file), to price the jobs around it."""
+
+    def __init__(self, dataset: str, run: str, seed: str, centres: str = ""):
+        self.dataset, self.run, self.seed, self.centres = dataset, run, seed, centres
 
 
 def _units(work: float) -> int:
