@@ -112,11 +112,12 @@ def test_the_authors_code_section_pairs_its_runs_with_its_own_fedavg(tmp_path):
     assert fesem["diff_vs_ref_mean"] == pytest.approx(-89.0)          # the standard column is untouched
     md = (tmp_path / "t.md").read_text()
     assert "## Under the authors' code settings" in md
-    assert "| FeSEM(2) | -0.1 | 61.7 ± 44.8 | +12.5 ± 10.6 | 70.0 ± 20.0 | +10.0 ± 28.3 | 4 / 1 | 0.38 | 3 (2 paired) |" in md
-    assert "| FedAvg |  | 75.0 ± 7.1 |  | 70.0 ± 14.1 |  |  |  | 2 |" in md
+    assert ("| FeSEM(2) | -0.1 | 61.7 ± 44.8 | 90.0 / 85.0 / 10.0 | +12.5 ± 10.6 | 70.0 ± 20.0 | +10.0 ± 28.3 "
+            "| 4 / 1 | 0.38 | 3 (2 paired) |") in md
+    assert "| FedAvg |  | 75.0 ± 7.1 | 70.0 / 80.0 |  | 70.0 ± 14.1 |  |  |  | 2 |" in md
     # the switch: its own row of the section (seed 0: V1 -5, standard -20; only it gets image 2, only FedAvg
     # image 4), not one of the table above
-    assert "| FeSEM-E1(2) |  | 65.0 | -5.0 | 60.0 | -20.0 | 1 / 1 | 1 | 1 |" in md
+    assert "| FeSEM-E1(2) |  | 65.0 | 65.0 | -5.0 | 60.0 | -20.0 | 1 / 1 | 1 | 1 |" in md
     assert md.count("FeSEM-E1(2)") == 1 and t.loc["FeSEM-E1(2)", "seeds"] == 0
     write(runs, tmp_path / "none", authors_results=tmp_path / "nowhere")
     assert "## Under the authors' code settings" not in (tmp_path / "none.md").read_text()
