@@ -1,1 +1,0 @@
-"""Clustering helpers: initial cluster centres for multi-center methods."""
