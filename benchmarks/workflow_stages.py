@@ -128,12 +128,10 @@ def replay_priorities(df: pd.DataFrame, config_files: list[str], slots: int, ord
     from types import SimpleNamespace
 
     from mcfl.cluster.spec import centre_key
-    from mcfl.config import name_defaults, read_configs, validate
+    from mcfl.config import load_config
     from mcfl.plan import Plan
 
-    cfg = read_configs(config_files)
-    name_defaults(cfg, config_files[-1])
-    plan = Plan(validate(cfg, " + ".join(config_files)))
+    plan = Plan(load_config(*config_files))
     jobs = df[df.stage.isin(["train", "init"])].reset_index(drop=True)
     index = {(st, j): i for i, (st, j) in enumerate(zip(jobs.stage, jobs.job))}
     prio, deps = [], []

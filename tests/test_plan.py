@@ -257,6 +257,7 @@ def test_forward_macs_counted_without_torch_match_the_built_models(name, shape, 
     assert forward_macs({"name": name, **kw}, shape, classes) == counted(net, torch.zeros(1, *shape))
     assert forward_macs({"name": "digits_cnn"}, (1, 8, 8), 10) == 91_776
     assert forward_macs({"name": "no-such-model"}, (1, 8, 8), 10) is None
+    assert forward_macs({"name": "digits_cnn"}, (60,), 5) is None             # not images: no count
 
 
 def test_k_selection_and_data_jobs_start_before_what_waits_for_them():

@@ -177,6 +177,8 @@ def forward_macs(model: dict, x_shape: tuple, n_classes: int) -> int | None:
     name, kw = model["name"], {k: v for k, v in model.items() if k != "name"}
     if name == "logreg":
         return math.prod(x_shape) * n_classes
+    if len(x_shape) != 3:                         # not images: training will say what is wrong
+        return None
     c, h, w = x_shape
     if name in ("femnist_cnn", "digits_cnn"):     # two 'same' convolutions, each before a 2x2 pool
         k, (c1, c2), hidden = (25, (32, 64), kw.get("hidden", 2048)) if name == "femnist_cnn" else \

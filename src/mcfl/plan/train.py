@@ -9,6 +9,7 @@ import functools
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from mcfl.cluster.spec import centre_key, centre_spec
@@ -190,45 +191,37 @@ class TrainPlan:
         """A grouped job's priority: the work of every seed it trains."""
         return _units(sum(self._work[(w.dataset, w.run, s)][0] for s in self.group_seeds))
 
+    def _job_priority(self, key: tuple) -> int:
+        """The priority of the training job that trains run ``key`` (grouped or one seed)."""
+        w = SimpleNamespace(dataset=key[0], run=key[1], seed=key[2])
+        return self.group_priority(w) if key[1] in self.grouped else self.train_priority(w)
+
     def init_priority(self, w) -> int:
         """A centre file's priority: its own work plus the largest priority among the training
         jobs that need it."""
-        own, after = 0.0, 0
-        for key, run in self.runs.items():
-            d, run_id, seed = key
-            if run["needs_centres"] and d == w.dataset and seed == w.seed and centre_key(run) == w.centres:
-                own = max(own, self._work[key][1])
-                job = _Wildcards(d, run_id, seed)
-                after = max(after, self.group_priority(job) if run_id in self.grouped else self.train_priority(job))
-        return _units(own) + after
-
+        users = [k for k, r in self.runs.items()
+                 if r["needs_centres"] and (k[0], centre_key(r), k[2]) == (w.dataset, w.centres, w.seed)]
+        return _units(max(self._work[k][1] for k in users)) + max(map(self._job_priority, users))
 
     def select_k_priority(self, w) -> int:
         """A K selection's priority: above the centre file and the training job waiting for its K
         (its own work, a search over candidate Ks, is not counted)."""
-        run = self.runs[(w.dataset, w.run, w.seed)]
-        after = self.group_priority(w) if w.run in self.grouped else self.train_priority(w)
-        if run["needs_centres"]:
-            after = max(after, self.init_priority(_Wildcards(w.dataset, w.run, w.seed, centre_key(run))))
-        return after + 1
+        return self._chain_priority((w.dataset, w.run, w.seed)) + 1
+
+    def _chain_priority(self, key: tuple) -> int:
+        """The priority of the first job run ``key`` waits for after the data: its centre file's
+        when it needs one (always above its training job's), else its training job's."""
+        run = self.runs[key]
+        if not run["needs_centres"]:
+            return self._job_priority(key)
+        return self.init_priority(SimpleNamespace(dataset=key[0], centres=centre_key(run), seed=key[2]))
 
     @functools.cached_property
     def data_priority(self) -> int:
         """The data jobs' priority (download, partition, prepare): above every other job, since
         they are short and every job waits for them (a dataset prepared late would hold up its
         longest runs behind those of datasets prepared earlier)."""
-        jobs = [_Wildcards(d, r, s, centre_key(run) if run["needs_centres"] else "") for (d, r, s), run in self.runs.items()]
-        return 1 + max([self.select_k_priority(w) if self.runs[(w.dataset, w.run, w.seed)]["select_k"]
-                        else self.init_priority(w) if w.centres
-                        else self.group_priority(w) if w.run in self.grouped else self.train_priority(w)
-                        for w in jobs] or [0])
-
-
-class _Wildcards:
-    """The wildcards of a training job (and of its centre file), to price the jobs around it."""
-
-    def __init__(self, dataset: str, run: str, seed: str, centres: str = ""):
-        self.dataset, self.run, self.seed, self.centres = dataset, run, seed, centres
+        return 1 + max([self._chain_priority(k) + bool(r["select_k"]) for k, r in self.runs.items()] or [0])
 
 
 def _units(work: float) -> int:

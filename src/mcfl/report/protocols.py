@@ -144,12 +144,11 @@ def _p(p) -> str:
     return "" if pd.isna(p) else (f"{p:.2g}" if p >= 1e-3 else "<0.001")
 
 
-def _mixed(r: pd.Series, key: str) -> str:
-    """``, N machines`` where the cell's runs ran on more than one machine (``key``: its machines
-    column, made by :func:`~mcfl.report.format.machines`), else nothing."""
+def _n_machines(r: pd.Series, key: str) -> int:
+    """How many machines a cell's runs ran on (``key``: its machines column, made by
+    :func:`~mcfl.report.format.machines`)."""
     v = r.get(key)
-    n = len(v.split("; ")) if isinstance(v, str) and v else 0
-    return f", {n} machines" if n > 1 else ""
+    return len(v.split("; ")) if isinstance(v, str) and v else 0
 
 
 def _seeded(r: pd.Series, key: str, absent: str) -> str:
@@ -158,7 +157,8 @@ def _seeded(r: pd.Series, key: str, absent: str) -> str:
     n = int(r[f"{key}_seeds"])
     if not n:
         return absent
-    return f"{mean_std(r[f'{key}_mean'], r[f'{key}_std'])} ({n} seed{'s' if n > 1 else ''}{_mixed(r, f'{key}_machine')})"
+    m = _n_machines(r, f"{key}_machine")
+    return f"{mean_std(r[f'{key}_mean'], r[f'{key}_std'])} ({n} seed{'s' if n > 1 else ''}{f', {m} machines' if m > 1 else ''})"
 
 
 def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, authors: bool = False) -> str:
@@ -178,7 +178,8 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, a
         diff = mean_std(r.get("diff_vs_ref_mean"), r.get("diff_vs_ref_std"), sign=True)
         if diff and r["paired_seeds"] < r["seeds"]:     # the reference lacks some of this row's seeds
             diff += f" ({int(r['paired_seeds'])} of {int(r['seeds'])} seeds)"
-        standard = ms(r, "standard") + (f" ({_mixed(r, 'machine')[2:]})" if _mixed(r, "machine") else "")
+        m = _n_machines(r, "machine")
+        standard = ms(r, "standard") + (f" ({m} machines)" if m > 1 else "")
         rows.append([r["method"], ms(r, "paper"), pp, *([ac] if authors else []), standard, diff,
                      counts, _p(r.get("sign_p")), int(r["seeds"])])
     out = [f"# {title}", "",
