@@ -3,7 +3,10 @@ levers tried for `make reproduce`'s digits runs.
 
 Forms (the same function and parameters):
 
-* ``conv-relu-pool``: ``Conv2d, ReLU, MaxPool2d`` twice, the model zoo's form;
+* ``conv-relu-pool``: ``Conv2d, ReLU, MaxPool2d`` twice with PyTorch's ``nn.MaxPool2d``: the
+  reference every other form is compared with;
+* ``zoo``: the same with the package's pooling (``mcfl.models.pool.MaxPool2d``: the stacked
+  clients' planes pooled together in channels-last order), the model zoo's form;
 * ``conv-pool-relu``: pooling before the ReLU (max commutes with the monotone ReLU: bitwise the
   same outputs and gradients, the ReLU on a quarter of the values);
 * ``patch-relu-pool``: the first convolution (one input channel) as patches times kernel
@@ -28,17 +31,31 @@ loop. Forms are interleaved rep by rep; CPU seconds per step, the least of ``--r
 chunks of 25 to 300 clients (flat past 100 means no per-call cost is left for larger chunks to
 share out), and the multiply-adds it does per second against the LEAF FEMNIST CNN's plain step
 (hidden 248, batch 10, the sequential loop's step on the real writers) on the same core, counting
-a training step as three forward passes (forward, input gradient, weight gradient).
+a training step as three forward passes (forward, input gradient, weight gradient), and that LEAF
+step with PyTorch's pooling against the zoo's.
 
     python benchmarks/digits_cnn_forms.py
     python benchmarks/digits_cnn_forms.py --reps 40 --clients 100
     python benchmarks/digits_cnn_forms.py --scaling
+    python benchmarks/digits_cnn_forms.py --heap
+    python benchmarks/digits_cnn_forms.py --reps 80 --scaling --heap --md docs/results/digits-cnn-forms.md
+
+Every form is timed with freed memory kept in the process, as training jobs run
+(``mcfl.runner.keep_freed_memory``). ``--heap`` shows what that does: the zoo's stacked step in two
+fresh processes, one with glibc's default heap settings and one keeping freed memory, with each
+one's page faults and system time per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import resource
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +64,8 @@ from torch.func import functional_call, vmap
 
 from _common import machine
 from mcfl.executors.stack import forward_macs
-from mcfl.models import femnist_cnn
+from mcfl.models import digits_cnn, femnist_cnn
+from mcfl.runner import keep_freed_memory
 
 
 class PatchConv2d(nn.Conv2d):
@@ -64,10 +82,12 @@ class PatchConv2d(nn.Conv2d):
         return (y + self.bias).view(n, ho, wo, self.out_channels).permute(0, 3, 1, 2)
 
 
-FORMS = ("conv-relu-pool", "conv-pool-relu", "patch-relu-pool", "patch-pool-relu", "patch2-relu-pool")
+FORMS = ("conv-relu-pool", "zoo", "conv-pool-relu", "patch-relu-pool", "patch-pool-relu", "patch2-relu-pool")
 
 
 def build(form: str) -> nn.Module:
+    if form == "zoo":
+        return digits_cnn((1, 8, 8), 10)
     first = (PatchConv2d if form.startswith("patch") else nn.Conv2d)(1, 16, 3, padding=1)
     second = (PatchConv2d if form.startswith("patch2") else nn.Conv2d)(16, 32, 3, padding=1)
     blocks = ([first, nn.ReLU(), nn.MaxPool2d(2), second, nn.ReLU(), nn.MaxPool2d(2)]
@@ -110,8 +130,37 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--scaling", action="store_true",
                     help="also time the stacked step per chunk size and its multiply-add rate (module docstring)")
+    ap.add_argument("--heap", action="store_true",
+                    help="also time the stacked step with glibc's default heap settings and keeping freed memory")
+    ap.add_argument("--heap-child", choices=("default", "kept"), help=argparse.SUPPRESS)
+    ap.add_argument("--md", type=Path, help="also write the output, with the command and date, to this Markdown file")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.heap_child:
+        return heap_child(args)
+    keep_freed_memory()
+    if args.md:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(_Tee(sys.stdout, out)):
+            forms(args)
+        cmd = " ".join(["python benchmarks/digits_cnn_forms.py", *sys.argv[1:]]).replace(f" --md {args.md}", "")
+        args.md.write_text(f"Output of `{cmd}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}:\n\n"
+                           f"```text\n{out.getvalue().strip()}\n```\n")
+    else:
+        forms(args)
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for st in self.streams:
+            st.write(text)
+        return len(text)
+
+
+def forms(args) -> None:
     torch.manual_seed(0)
     C, B = args.clients, args.batch
     x = torch.randint(0, 17, (C, B, 1, 8, 8)).float()       # sklearn digits: integers 0-16
@@ -136,15 +185,47 @@ def main() -> None:
         diff = "bitwise equal" if same else f"max diff {max((a - b).abs().max().item() for a, b in zip(g, ref)):.1e}"
         print(f"| {f} | {st[f] * 1e3:.1f} | {st[FORMS[0]] / st[f]:.2f}x | {one[f] * 1e3:.2f} | "
               f"{one[FORMS[0]] / one[f]:.2f}x | {diff} |")
-    net = nets["conv-relu-pool"]
+    net = nets["zoo"]
     lone = {n: v[:1] for n, v in params.items()}
     net.load_state_dict({n: v[0] for n, v in lone.items()})
     t = cpu_times({"vmap": lambda: stacked_step(net, lone, x[:1, :5], y[:1, :5]),
                    "plain": lambda: plain_step(net, x[0, :5], y[0, :5])}, args.reps, 20)
-    print(f"\nA lone client, batch 5 (conv-relu-pool, the zoo's form): stacked as a vmap over one client {t['vmap'] * 1e3:.2f} ms, "
+    print(f"\nA lone client, batch 5 (the zoo's form): stacked as a vmap over one client {t['vmap'] * 1e3:.2f} ms, "
           f"plain module {t['plain'] * 1e3:.2f} ms a step ({t['vmap'] / t['plain']:.2f}x)")
     if args.scaling:
         scaling(net, B, args.reps)
+    if args.heap:
+        heap(args)
+
+
+def heap(args) -> None:
+    """The zoo's stacked step in a fresh process per heap setting (module docstring)."""
+    out = {}
+    for mode in ("default", "kept"):
+        cmd = [sys.executable, __file__, "--heap-child", mode, "--clients", str(args.clients),
+               "--batch", str(args.batch), "--reps", str(args.reps)]
+        out[mode] = [float(v) for v in subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()]
+    (d_ms, d_f, d_sys), (k_ms, k_f, k_sys) = out["default"], out["kept"]
+    print(f"\nThe zoo's stacked step ({args.clients} clients x batch {args.batch}), CPU ms (least of "
+          f"{args.reps}) / page faults / system ms per step: glibc's defaults {d_ms:.1f} / {d_f:.0f} / "
+          f"{d_sys:.1f}, freed memory kept {k_ms:.1f} / {k_f:.0f} / {k_sys:.1f} ({d_ms / k_ms:.2f}x)")
+
+
+def heap_child(args) -> None:
+    if args.heap_child == "kept":
+        keep_freed_memory()
+    torch.manual_seed(0)
+    C, B = args.clients, args.batch
+    net = build("zoo")
+    x = torch.randint(0, 17, (C, B, 1, 8, 8)).float()
+    y = torch.randint(0, 10, (C, B))
+    params = {n: p.detach().expand(C, *p.shape) + 0.01 * torch.randn(C, *p.shape) for n, p in net.named_parameters()}
+    for _ in range(3):
+        stacked_step(net, params, x, y)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t = cpu_times({"s": lambda: stacked_step(net, params, x, y)}, args.reps, 1)["s"]
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    print(t * 1e3, (r1.ru_minflt - r0.ru_minflt) / args.reps, (r1.ru_stime - r0.ru_stime) / args.reps * 1e3)
 
 
 def scaling(net: nn.Module, batch: int, reps: int) -> None:
@@ -159,8 +240,13 @@ def scaling(net: nn.Module, batch: int, reps: int) -> None:
                   for n, p in net.named_parameters()}
         times[c] = cpu_times({"s": lambda: stacked_step(net, params, x, y)}, max(5, reps // 4), 1)["s"]
     leaf = femnist_cnn((1, 28, 28), 62, hidden=248)
+    leaf_ref = femnist_cnn((1, 28, 28), 62, hidden=248)
+    leaf_ref.load_state_dict(leaf.state_dict())
+    leaf_ref[2], leaf_ref[5] = nn.MaxPool2d(2), nn.MaxPool2d(2)          # PyTorch's pooling
     lx, ly = torch.randn(10, 1, 28, 28), torch.randint(0, 62, (10,))
-    t_leaf = cpu_times({"p": lambda: plain_step(leaf, lx, ly)}, max(5, reps // 4), 2)["p"]
+    t = cpu_times({"zoo": lambda: plain_step(leaf, lx, ly), "ref": lambda: plain_step(leaf_ref, lx, ly)},
+                  max(5, reps // 4), 2)
+    t_leaf = t["zoo"]
     leaf_macs = forward_macs(leaf, lx[:1])
     print(f"\nThe stacked step by chunk (batch {batch}): "
           + ", ".join(f"{c} clients {t * 1e3:.1f} ms ({t * 1e3 * 100 / c:.1f} ms per 100)" for c, t in times.items()))
@@ -169,6 +255,8 @@ def scaling(net: nn.Module, batch: int, reps: int) -> None:
     print(f"Multiply-adds per second, a training step counted as 3 forward passes: the digits CNN stacked, "
           f"100 clients x batch {batch} ({macs / 1e3:.0f}K a sample), {rate:.1f} G/s; the LEAF CNN, hidden "
           f"248, plain, batch 10 ({leaf_macs / 1e6:.1f}M a sample), {leaf_rate:.1f} G/s ({leaf_rate / rate:.1f}x)")
+    print(f"The LEAF CNN's plain step (hidden 248, batch 10): {t['ref'] * 1e3:.2f} ms with PyTorch's pooling, "
+          f"{t_leaf * 1e3:.2f} ms with the zoo's ({t['ref'] / t_leaf:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 algorithm: tests/test_faults.py."""
 
 import json
+import sys
 
 import numpy as np
 import pandas as pd
@@ -129,3 +130,28 @@ def test_a_slow_checkpoint_skips_the_next_due_ones(digits_store, tmp_path, monke
     monkeypatch.setattr(runner.CheckpointClock, "SHARE", 1e-9)
     res = train(run, digits_store, tmp_path / "b", checkpoint=tmp_path / "b.pt", progress=False)
     assert saved == [2] and res["final"]["micro_acc"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap settings: Linux only")
+def test_keeping_freed_memory_changes_no_result(digits_store, tmp_path):
+    """`mcfl train` keeps freed memory in the process (``keep_freed_memory``, glibc's heap settings):
+    the same run in a process with glibc's defaults writes the same results, bit for bit (the
+    batched executor's stacked path, where the step's memory is freed and taken again)."""
+    import subprocess
+
+    from mcfl.runner import keep_freed_memory
+
+    script = ("import sys, mcfl.runner as r\n"
+              "if sys.argv[1] == 'default': r.keep_freed_memory = lambda: False\n"
+              "from mcfl import cli\n"
+              "sys.exit(cli.main(['train', '--run', sys.argv[2], '--out', sys.argv[3], '--store', sys.argv[4],"
+              " '--no-tracking', '--no-progress', '--threads', '1']))\n")
+    run = json.dumps(make_run(method="FedAvg", rounds=2, executor="batched"))
+    for mode in ("default", "kept"):
+        subprocess.run([sys.executable, "-c", script, mode, run, str(tmp_path / mode), str(digits_store)],
+                       check=True)
+    default, kept = _outputs(tmp_path / "default"), _outputs(tmp_path / "kept")
+    pd.testing.assert_frame_equal(default[0], kept[0])
+    assert default[1:4] == kept[1:4]
+    assert keep_freed_memory() is True

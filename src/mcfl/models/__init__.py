@@ -9,6 +9,9 @@
   not reproduced: this is the plain model its data generator assumes).
 - ``digits_cnn``: a small CNN for 8x8 digits: conv3x3 16 -> ReLU -> pool -> conv3x3 32 -> ReLU -> pool
   -> dense 64 -> ReLU -> dense classes.
+
+The FEMNIST and digits CNNs pool with :class:`mcfl.models.pool.MaxPool2d`: ``nn.MaxPool2d`` bit for
+bit, several times faster on a CPU for the stacked clients of the batched executor.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from typing import Callable
 import torch
 from torch import nn
 
+from mcfl.models.pool import MaxPool2d
+
 
 def femnist_cnn(input_shape, n_classes: int, hidden: int = 2048) -> nn.Module:
     c, h, w = input_shape
     return nn.Sequential(
-        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), MaxPool2d(2),
         nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), hidden), nn.ReLU(),
         nn.Linear(hidden, n_classes),
     )
@@ -49,8 +54,8 @@ def logreg(input_shape, n_classes: int) -> nn.Module:
 def digits_cnn(input_shape, n_classes: int, hidden: int = 64) -> nn.Module:
     c, h, w = input_shape
     return nn.Sequential(
-        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), hidden), nn.ReLU(),
         nn.Linear(hidden, n_classes),
     )
