@@ -92,3 +92,13 @@ def test_the_femnist_cnn_step_is_unchanged():
 def test_on_a_gpu_it_is_pytorchs_pooling():
     x = _images(4, 8, 8, 8).cuda()
     assert torch.equal(MaxPool2d(2)(x), F.max_pool2d(x, 2))
+
+
+def test_without_torchs_vmap_query_it_is_pytorchs_pooling(monkeypatch):
+    """A torch build without the private query for vmapped tensors gets F.max_pool2d everywhere."""
+    monkeypatch.setattr(pool, "_is_batched", None)
+    monkeypatch.setattr(pool, "_pool", lambda x, k: pytest.fail("took the channels-last path"))
+    x = _images(40, 16, 8, 8)
+    assert torch.equal(MaxPool2d(2)(x), F.max_pool2d(x, 2))
+    stacked = vmap(MaxPool2d(2))(x.view(4, 10, 16, 8, 8))
+    assert torch.equal(stacked, F.max_pool2d(x, 2).view(4, 10, 16, 4, 4))

@@ -85,6 +85,11 @@ class _VmappedPool(torch.autograd.Function):
         return _Pool.apply(x.flatten(c, c + 1), k).unflatten(c, x.shape[c:c + 2]), c
 
 
+#: whether a tensor is one inside ``torch.func.vmap`` (a private PyTorch function: where a torch
+#: build lacks it, the layer is ``F.max_pool2d`` everywhere)
+_is_batched = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", None)
+
+
 class MaxPool2d(nn.MaxPool2d):
     """``nn.MaxPool2d(k)`` (stride k, no padding), computed as described in the module docstring."""
 
@@ -93,9 +98,9 @@ class MaxPool2d(nn.MaxPool2d):
 
     def forward(self, x: Tensor) -> Tensor:
         k = self.kernel_size
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" or _is_batched is None:
             return F.max_pool2d(x, k)
-        if torch._C._functorch.is_batchedtensor(x):      # inside vmap
+        if _is_batched(x):                               # inside vmap
             return _VmappedPool.apply(x, k)
         if x.dim() == 4 and x.numel() >= CHANNELS_LAST_MIN:
             return _Pool.apply(x, k)
