@@ -194,7 +194,9 @@ def keep_freed_memory() -> bool:
     operating system, so each training step's activations and gradients were fresh pages that
     faulted in when first written: about 2,400 page faults and 6 ms of system time in a 30 ms
     stacked step of 100 digits-CNN clients. Where memory lives does not change what is computed
-    (tests/test_runner.py runs a config both ways). The peak memory of a job stays what it was."""
+    (tests/test_runner.py trains a run both ways). Freed memory is not handed back, so a job's
+    resident memory can stay a little higher: the default DAG's largest training job peaked at
+    994 MB, against 951 MB before (docs/results/default-stages.md of the two runs)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         mallopt = libc.mallopt
