@@ -257,19 +257,29 @@ def _scalar(v: Any) -> bool:
 OUTPUTS = ("history.csv", "assignments.csv", "predictions.csv", "metrics.json")
 
 
-def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: bool = False) -> dict[str, Any]:
+def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: bool = False,
+             clusters: bool = False) -> dict[str, Any]:
     """A finished run directory's ``metrics.json`` (with ``dir``), its ``history.csv`` as a
     DataFrame under ``history`` if asked, and if asked and the run wrote ``predictions.csv``, per
-    test image its label ``y`` and whether the run got it right ``hit``: the one reader of run
-    directories for every report."""
+    test image its label ``y``, whether the run got it right ``hit`` and (where the file names it)
+    its writer ``client``; with ``clusters``, each client's final cluster (``cluster_of``, from
+    ``assignments.csv``; absent for unclustered methods): the one reader of run directories for
+    every report."""
     d = Path(run_dir)
     m = json.loads((d / "metrics.json").read_text())
     m["dir"] = d
-    if history or predictions:
+    if history or predictions or clusters:
         import pandas as pd
     if history:
         m["history"] = pd.read_csv(d / "history.csv")
     if predictions and (d / "predictions.csv").is_file():
-        p = pd.read_csv(d / "predictions.csv", usecols=["y", "pred"])
+        p = pd.read_csv(d / "predictions.csv", usecols=lambda c: c in ("client", "y", "pred"),
+                        dtype={"client": str})
         m["y"], m["hit"] = p["y"].to_numpy(), (p["y"] == p["pred"]).to_numpy()
+        if "client" in p:
+            m["client"] = p["client"].to_numpy()
+    if clusters and (d / "assignments.csv").is_file():
+        a = pd.read_csv(d / "assignments.csv", dtype={"client": str}).dropna(subset=["cluster"])
+        if len(a):
+            m["cluster_of"] = dict(zip(a["client"], a["cluster"].astype(int)))
     return m

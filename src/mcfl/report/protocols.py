@@ -18,6 +18,9 @@ One row per method label (config order), in percent micro accuracy (mean ± std 
   protocol, mean ± std over seeds of (this seed's accuracy - the reference's same seed), and the
   exact two-sided sign test over test images (McNemar: the images only one of the two classifies
   correctly, summed over seeds, from the runs' ``predictions.csv``);
+* ``authors_clusters_by_seed``: each clustered authors' code run's final clusters (sizes in
+  clients, largest first; in brackets the test images of the smallest), since V1 averages clusters
+  without weights;
 * ``seeds`` and ``machine`` (each run's device and CPU, from its ``metrics.json``), and the seeds
   and machines of the paper-protocol and authors' code columns.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +52,7 @@ AUTHORS_NOTE = ("*Authors' code*: FeSEM as the authors' recorded command trains 
 
 def load(run_dirs: list[str | Path]) -> list[dict]:
     """Each finished run's metrics.json with its per-test-image hits where predictions.csv exists."""
-    return [read_run(d, predictions=True) for d in run_dirs]
+    return [read_run(d, predictions=True, clusters=True) for d in run_dirs]
 
 
 def finished(results_dir: str | Path | None) -> list[Path]:
@@ -73,6 +77,20 @@ def _stats(values: list[float]) -> tuple[float, float]:
     if not len(v):
         return np.nan, np.nan
     return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else np.nan
+
+
+def cluster_sizes(run: dict) -> str:
+    """A run's final clusters: their sizes in clients, largest first, and in brackets the test
+    images of the smallest (``"102+3 (3)"``); ``""`` for a run without clusters."""
+    of = run.get("cluster_of")
+    if not of:
+        return ""
+    sizes = sorted(Counter(of.values()).items(), key=lambda kv: -kv[1])
+    text = "+".join(str(n) for _, n in sizes)
+    if len(sizes) > 1 and "client" in run:
+        smallest = sizes[-1][0]
+        text += f" ({sum(of.get(c) == smallest for c in run['client'])})"
+    return text
 
 
 def paired(mine: list[dict], ref: dict[int, dict], prefix: str = "", key: str = METRIC) -> dict:
@@ -120,6 +138,8 @@ def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg",
         row["authors_by_seed"] = " / ".join(           # V1 scores few clients: its seeds can differ widely
             "" if v is None else f"{100 * v:.1f}"
             for v in (m["final"].get(f"{PAPER_EVAL}/{METRIC}") for m in sorted(ac, key=lambda m: m["seed"])))
+        clusters = [cluster_sizes(m) for m in sorted(ac, key=lambda m: m["seed"])]
+        row["authors_clusters_by_seed"] = " / ".join(clusters) if any(clusters) else ""
         row["authors_seeds"] = len(ac)
         row["authors_standard_mean"], row["authors_standard_std"] = _stats([m["final"][METRIC] for m in ac])
         row["standard_mean"], row["standard_std"] = _stats([m["final"][METRIC] for m in mine])
@@ -227,7 +247,7 @@ def authors_section(t: pd.DataFrame, reference: str) -> list[str]:
         seeds = f"{int(r['authors_seeds'])}" + ("" if not this or pd.isna(paired_n) or paired_n == r["authors_seeds"]
                                                else f" ({int(paired_n)} paired)")
         rows.append([r["method"], "" if pd.isna(margin) else f"{margin:+.1f}", ms(r, "authors"), r["authors_by_seed"],
-                     diff("authors_v1_diff"), ms(r, "authors_standard"), diff("authors_diff_vs_ref"), counts,
+                     r["authors_clusters_by_seed"], diff("authors_v1_diff"), ms(r, "authors_standard"), diff("authors_diff_vs_ref"), counts,
                      _p(r.get("authors_sign_p")) if this else "", seeds])
     return ["## Under the authors' code settings", "",
             f"The authors' code runs (the column above) against the {reference} trained with the authors' "
@@ -235,11 +255,15 @@ def authors_section(t: pd.DataFrame, reference: str) -> list[str]:
             "*V1*: the authors' evaluation, which scores only the round's trained clients after local "
             "fine-tuning; those clients differ from run to run, so its Δ is paired over seeds only, and "
             "with few of them a seed's score can sit far from the others' (*V1 by seed*, seeds in order). "
+            "*Clusters by seed*: each clustered run's final clusters, their sizes in writers and in "
+            "brackets the test images of the smallest; V1 averages its clusters' scores unweighted, so "
+            "a small cluster weighs as much as a large one. "
             "*Standard*: the same trained models with every client tested on its own model, so the sign "
             "test can count the test images only one of the two classifies correctly (summed over "
             "seeds; exact two-sided binomial). Rows the table above lacks are authors' code runs with "
             "one of their settings switched back (the run's name says which).", "",
-            markdown_table(["method", f"paper's Δ vs {reference}", "ours: V1", "V1 by seed", f"Δ vs {reference} (V1)",
+            markdown_table(["method", f"paper's Δ vs {reference}", "ours: V1", "V1 by seed", "clusters by seed",
+                            f"Δ vs {reference} (V1)",
                             "ours: standard", f"Δ vs {reference} (standard)", f"images only this / only {reference}",
                             "sign test p", "seeds"], rows)]
 
