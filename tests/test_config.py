@@ -32,6 +32,9 @@ def base():
     (lambda c: c["methods"][2].update(warmup=30), r"methods\[2\]\.warmup: 30 warm-up rounds leave none of digits's 30"),
     (lambda c: c["datasets"]["digits"]["prepare"].update(clinets=5), r"datasets\.digits\.prepare\.clinets: unknown"),
     (lambda c: c["datasets"]["digits"]["model"].update(name="resnet"), r"datasets\.digits\.model\.name"),
+    (lambda c: c["methods"][0].update(model={"name": "resnet"}), r"methods\[0\]\.model\.name"),
+    (lambda c: c["methods"][0].update(model={"name": "logreg", "hidden": 8}),
+     r"methods\[0\]\.model\.hidden: unknown"),
     (lambda c: c.update(sedes=[1]), r"Additional properties are not allowed \('sedes'"),
     (lambda c: c["methods"][0].update(seeds=[7]), r"methods\[0\]\.seeds: seed 7 is not one of the config's seeds"),
     (lambda c: c["methods"].append({"method": "FeSEM", "K": 2}), r"two entries both make run 'FeSEM-K2'"),
@@ -83,6 +86,19 @@ def test_method_train_overrides_apply_to_that_entry_only():
     runs = expand_runs(validate(cfg))
     assert {r["train"]["local_steps"] for r in runs if r["method"] == "FedAvg"} == {1}
     assert {r["train"]["local_steps"] for r in runs if r["method"] != "FedAvg"} == {None}
+
+
+def test_a_method_model_replaces_the_datasets_for_that_entry_only():
+    """A baseline on another model (FedDANE on logistic regression, as its authors ran FEMNIST)
+    trains that model; the other entries keep the dataset's, so their runs are unchanged."""
+    cfg = base()
+    cfg["methods"].append({"method": "FedDANE", "name": "FedDane-LR", "model": {"name": "logreg"}})
+    runs = expand_runs(validate(cfg))
+    lr = [r for r in runs if r["label"] == "FedDane-LR"]
+    assert lr and all(r["model"] == {"name": "logreg"} for r in lr)
+    assert "model" not in lr[0]["params"]
+    before = {(r["run_id"], r["dataset"], r["seed"]): r for r in expand_runs(validate(base()))}
+    assert all(r == before[(r["run_id"], r["dataset"], r["seed"])] for r in runs if r["label"] != "FedDane-LR")
 
 
 def test_load_config_names_the_file(tmp_path):

@@ -67,6 +67,7 @@ def _schema() -> dict:
 
     schema = read_schema()
     schema["$defs"]["method"]["properties"]["method"]["enum"] = sorted(algorithms.ALGORITHMS)
+    schema["$defs"]["method"]["properties"]["model"]["properties"]["name"]["enum"] = sorted(models.MODELS)
     ds = schema["properties"]["datasets"]["additionalProperties"]["properties"]
     ds["prepare"]["properties"]["source"]["enum"] = sorted(SOURCES)
     ds["model"]["properties"]["name"]["enum"] = sorted(models.MODELS)
@@ -169,7 +170,8 @@ def method_params(entry: dict, where: str, K: int | None = None):
 
     cls = algorithms.get(entry["method"])
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
-    kw = {k: v for k, v in entry.items() if k not in ("method", "name", "label", "train", "K", "select_k", "datasets", "seeds")}
+    kw = {k: v for k, v in entry.items()
+          if k not in ("method", "name", "label", "train", "model", "K", "select_k", "datasets", "seeds")}
     if K == "auto":                     # chosen later by the select_k rule (mcfl.cluster.select_k)
         if not hasattr(cls.Params(), "K"):
             raise ConfigError(f"{where}.K: {cls.name} does not take K, so K cannot be 'auto'")
@@ -246,6 +248,9 @@ def _validate(cfg: dict, source: str) -> dict:
         if unknown:
             raise ConfigError(f"{source}: methods[{i}].datasets: unknown dataset {unknown[0]!r}; "
                               f"known: {', '.join(cfg['datasets'])}")
+        if "model" in entry:
+            _check_kwargs(f"methods[{i}].model", models.MODELS[entry["model"]["name"]], entry["model"],
+                          skip=("name",))
         other = [s for s in entry.get("seeds", []) if s not in cfg["seeds"]]
         if other:
             raise ConfigError(f"{source}: methods[{i}].seeds: seed {other[0]} is not one of the config's "
@@ -376,7 +381,7 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                 for seed in entry.get("seeds", cfg["seeds"]):
                     runs.append({"dataset": dname, "method": cls.name, "label": label,
                                  "run_id": run_id, "seed": int(seed), "params": params,
-                                 "model": dict(ds["model"]), "train": train,
+                                 "model": dict(entry.get("model", ds["model"])), "train": train,
                                  "data": dict(ds["prepare"]), "experiment": cfg["experiment"],
                                  "partition": partition_label(ds.get("partition")),
                                  "needs_centres": cls.uses_centres(params),
