@@ -260,8 +260,8 @@ def authors_section(t: pd.DataFrame, reference: str) -> list[str]:
             "a small cluster weighs as much as a large one. "
             "*Standard*: the same trained models with every client tested on its own model, so the sign "
             "test can count the test images only one of the two classifies correctly (summed over "
-            "seeds; exact two-sided binomial). Rows the table above lacks are authors' code runs with "
-            "one of their settings switched back (the run's name says which).", "",
+            "seeds; exact two-sided binomial). Rows the table above lacks are variants of the authors' code "
+            "runs: one of their settings switched back, or another model (the run's name says which).", "",
             markdown_table(["method", f"paper's Δ vs {reference}", "ours: V1", "V1 by seed", "clusters by seed",
                             f"Δ vs {reference} (V1)",
                             "ours: standard", f"Δ vs {reference} (standard)", f"images only this / only {reference}",
