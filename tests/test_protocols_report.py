@@ -19,15 +19,17 @@ FEMNIST_SAMPLE, needs_femnist = real_data("femnist-leaf-sample")
 
 
 def fake_run(root: Path, label: str, seed: int, acc: float, hits: list[int] | None = None,
-             clusters: dict[str, int] | None = None, **named) -> Path:
+             clusters: dict[str, int] | None = None, time_s: dict[str, float] | None = None,
+             **named) -> Path:
     """A finished run directory; ``clusters``: each client's final cluster (assignments.csv), the
-    test images then belonging to the clients in turn (as many images as hits, round robin)."""
+    test images then belonging to the clients in turn (as many images as hits, round robin);
+    ``time_s``: the seconds its rounds took, by part."""
     d = root / label / f"seed{seed}"
     d.mkdir(parents=True)
     final = {"micro_acc": acc, **{f"{k}/micro_acc": v for k, v in named.items()}}
     (d / "metrics.json").write_text(json.dumps({"label": label, "seed": seed, "final": final,
                                                 "device": "cpu", "cpu": "AVX2", "threads": 1,
-                                                "torch": "2.x"}))
+                                                "torch": "2.x", **({"time_s": time_s} if time_s else {})}))
     clients = list(clusters or ["f0"])
     if hits is not None:
         y = np.arange(len(hits)) % 3
@@ -104,8 +106,10 @@ def test_the_authors_code_section_pairs_its_runs_with_its_own_fedavg(tmp_path):
     fake_run(authors, "FedAvg", 0, 0.80, [1, 1, 0, 0, 1], v1=0.70)
     fake_run(authors, "FedAvg", 1, 0.60, [1, 0, 0, 1, 1], v1=0.80)
     # seed 0: clients a, b in cluster 0 and c alone in cluster 1, with images 3 and 5 (a b c a b)
-    fake_run(authors, "FeSEM(2)", 0, 0.70, [1, 1, 1, 1, 0], {"a": 0, "b": 0, "c": 1}, v1=0.90)
-    fake_run(authors, "FeSEM(2)", 1, 0.90, [1, 1, 1, 1, 1], {"a": 1, "b": 0, "c": 1}, v1=0.85)
+    fake_run(authors, "FeSEM(2)", 0, 0.70, [1, 1, 1, 1, 0], {"a": 0, "b": 0, "c": 1}, v1=0.90,
+             time_s={"local": 1500.0, "eval": 89.0, "aggregate": 1.0})      # 1,590 s: 26.5 -> 26 min
+    fake_run(authors, "FeSEM(2)", 1, 0.90, [1, 1, 1, 1, 1], {"a": 1, "b": 0, "c": 1}, v1=0.85,
+             time_s={"local": 3000.0, "eval": 31.0})                        # 3,031 s: 50.5 -> 51 min
     fake_run(authors, "FeSEM(2)", 2, 0.50, [0, 0, 0, 0, 0], {"a": 0, "b": 0, "c": 0},
              v1=0.10)                                      # no FedAvg seed 2: not paired
     fake_run(authors, "FeSEM-E1(2)", 0, 0.60, [1, 1, 1, 0, 0], v1=0.65)  # a switch only the authors' runs have
@@ -126,11 +130,11 @@ def test_the_authors_code_section_pairs_its_runs_with_its_own_fedavg(tmp_path):
     # smallest (b) with images 2 and 5; seed 2 all in one cluster
     assert fesem["authors_clusters_by_seed"] == "2+1 (1) / 2+1 (2) / 3"
     assert ("| FeSEM(2) | -0.1 | 61.7 ± 44.8 | 90.0 / 85.0 / 10.0 | 2+1 (1) / 2+1 (2) / 3 | +12.5 ± 10.6 "
-            "| 70.0 ± 20.0 | +10.0 ± 28.3 | 4 / 1 | 0.38 | 3 (2 paired) |") in md
-    assert "| FedAvg |  | 75.0 ± 7.1 | 70.0 / 80.0 |  |  | 70.0 ± 14.1 |  |  |  | 2 |" in md
+            "| 70.0 ± 20.0 | +10.0 ± 28.3 | 4 / 1 | 0.38 | 3 (2 paired) | 26 / 51 / ? |") in md
+    assert "| FedAvg |  | 75.0 ± 7.1 | 70.0 / 80.0 |  |  | 70.0 ± 14.1 |  |  |  | 2 |  |" in md
     # the switch: its own row of the section (seed 0: V1 -5, standard -20; only it gets image 2, only FedAvg
     # image 4), not one of the table above
-    assert "| FeSEM-E1(2) |  | 65.0 | 65.0 |  | -5.0 | 60.0 | -20.0 | 1 / 1 | 1 | 1 |" in md
+    assert "| FeSEM-E1(2) |  | 65.0 | 65.0 |  | -5.0 | 60.0 | -20.0 | 1 / 1 | 1 | 1 |  |" in md
     assert md.count("FeSEM-E1(2)") == 1 and t.loc["FeSEM-E1(2)", "seeds"] == 0
     write(runs, tmp_path / "none", authors_results=tmp_path / "nowhere")
     assert "## Under the authors' code settings" not in (tmp_path / "none.md").read_text()

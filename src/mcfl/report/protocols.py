@@ -21,6 +21,8 @@ One row per method label (config order), in percent micro accuracy (mean ± std 
 * ``authors_clusters_by_seed``: each clustered authors' code run's final clusters (sizes in
   clients, largest first; in brackets the test images of the smallest), since V1 averages clusters
   without weights;
+* ``authors_minutes_by_seed``: what each authors' code run's rounds took on its machine, so a
+  reader can plan the study's compute;
 * ``seeds`` and ``machine`` (each run's device and CPU, from its ``metrics.json``), and the seeds
   and machines of the paper-protocol and authors' code columns.
 
@@ -93,6 +95,14 @@ def cluster_sizes(run: dict) -> str:
     return text
 
 
+def minutes(run: dict) -> str:
+    """What a run's rounds took on its machine, in minutes: its training, aggregation and
+    evaluation seconds summed over every round (``time_s`` of its ``metrics.json``, a resumed run's
+    earlier rounds included); ``""`` where the run did not record them."""
+    t = run.get("time_s")
+    return f"{sum(t.values()) / 60:.0f}" if t else ""
+
+
 def paired(mine: list[dict], ref: dict[int, dict], prefix: str = "", key: str = METRIC) -> dict:
     """One method's runs against the reference's runs of the same seeds (``ref``: seed -> run):
     ``paired_seeds``, the paired difference of ``key`` in points (``diff_vs_ref_mean``/``_std``) and,
@@ -140,6 +150,8 @@ def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg",
             for v in (m["final"].get(f"{PAPER_EVAL}/{METRIC}") for m in sorted(ac, key=lambda m: m["seed"])))
         clusters = [cluster_sizes(m) for m in sorted(ac, key=lambda m: m["seed"])]
         row["authors_clusters_by_seed"] = " / ".join(clusters) if any(clusters) else ""
+        took = [minutes(m) for m in sorted(ac, key=lambda m: m["seed"])]
+        row["authors_minutes_by_seed"] = " / ".join(t or "?" for t in took) if any(took) else ""
         row["authors_seeds"] = len(ac)
         row["authors_standard_mean"], row["authors_standard_std"] = _stats([m["final"][METRIC] for m in ac])
         row["standard_mean"], row["standard_std"] = _stats([m["final"][METRIC] for m in mine])
@@ -248,7 +260,7 @@ def authors_section(t: pd.DataFrame, reference: str) -> list[str]:
                                                else f" ({int(paired_n)} paired)")
         rows.append([r["method"], "" if pd.isna(margin) else f"{margin:+.1f}", ms(r, "authors"), r["authors_by_seed"],
                      r["authors_clusters_by_seed"], diff("authors_v1_diff"), ms(r, "authors_standard"), diff("authors_diff_vs_ref"), counts,
-                     _p(r.get("authors_sign_p")) if this else "", seeds])
+                     _p(r.get("authors_sign_p")) if this else "", seeds, r["authors_minutes_by_seed"]])
     return ["## Under the authors' code settings", "",
             f"The authors' code runs (the column above) against the {reference} trained with the authors' "
             f"code settings, seed by seed. *Paper's Δ*: the paper's Table 2 value minus its {reference}. "
@@ -261,11 +273,14 @@ def authors_section(t: pd.DataFrame, reference: str) -> list[str]:
             "*Standard*: the same trained models with every client tested on its own model, so the sign "
             "test can count the test images only one of the two classifies correctly (summed over "
             "seeds; exact two-sided binomial). Rows the table above lacks are variants of the authors' code "
-            "runs: one of their settings switched back, or another model (the run's name says which).", "",
+            "runs: one of their settings switched back, or another model (the run's name says which). "
+            "*Minutes by seed*: what each run's rounds took on its machine (training, aggregation and "
+            "evaluation, summed over its rounds; not the job's start-up, nor FeSEM's first local models, "
+            "made by a job of their own), seeds in order; other jobs may have shared the machine.", "",
             markdown_table(["method", f"paper's Δ vs {reference}", "ours: V1", "V1 by seed", "clusters by seed",
                             f"Δ vs {reference} (V1)",
                             "ours: standard", f"Δ vs {reference} (standard)", f"images only this / only {reference}",
-                            "sign test p", "seeds"], rows)]
+                            "sign test p", "seeds", "minutes by seed"], rows)]
 
 
 def write(run_dirs: list[str | Path], out: str | Path, *, paper_results: str | Path | None = None,
