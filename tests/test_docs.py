@@ -257,3 +257,31 @@ def test_the_reproduce_time_shown_is_the_one_make_reproduce_wrote(tmp_path):
     assert "old 17 min" not in text and text.startswith("before\n") and text.endswith("after\n")
     assert "**13 min 20 s**" in text and "55 s to set up" in text and "12 min 25 s for the DAG's 82 jobs" in text
     assert "129 run folders" in text and "1,425 s" in text and "AMD EPYC 7B13 (2 cores), 2026-11-28, git abc1234" in text
+
+
+def test_pending_names_the_runs_neither_archived_nor_finished_here(tmp_path, monkeypatch):
+    """archive_runs.py --pending: a config's runs minus those archived under its results directory's
+    name and those finished in it, as metrics.json targets in config order; none left: exit 1."""
+    import yaml
+
+    tool = _load("archive_runs")
+    cfg = {"experiment": "t", "seeds": [0, 1], "results": "results-pending-study", "data_dir": str(tmp_path / "data"),
+           "datasets": {"digits": {"prepare": {"source": "digits", "clients": 10, "seed": 0},
+                                   "model": {"name": "digits_cnn"}, "train": {"rounds": 2}}},
+           "methods": [{"method": "FedAvg"}, {"method": "FeSEM", "K": 2}]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    kept = tmp_path / "docs" / "results" / "archived-runs" / "results-pending-study" / "digits" / "FedAvg" / "seed1"
+    kept.mkdir(parents=True)
+    (kept / "metrics.json").write_text("{}")
+    here = tmp_path / "results-pending-study" / "runs" / "digits" / "FeSEM-K2" / "seed0"
+    here.mkdir(parents=True)
+    (here / "metrics.json").write_text("{}")
+    assert tool.pending([str(tmp_path / "c.yaml")]) == [
+        "results-pending-study/runs/digits/FedAvg/seed0/metrics.json",
+        "results-pending-study/runs/digits/FeSEM-K2/seed1/metrics.json"]
+    for d in ("FedAvg/seed0", "FeSEM-K2/seed1"):
+        (tmp_path / "results-pending-study" / "runs" / "digits" / d).mkdir(parents=True)
+        (tmp_path / "results-pending-study" / "runs" / "digits" / d / "metrics.json").write_text("{}")
+    assert tool.main(["--pending", str(tmp_path / "c.yaml")]) == 1

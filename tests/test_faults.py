@@ -1241,6 +1241,8 @@ def _store_commands(store: Path, tmp: Path) -> dict[str, list[str]]:
         "export-leaf": ["export-leaf", str(store), "--out", str(tmp / "new")],
         "init-centres": ["init-centres", "--run", json.dumps(fesem), "--store", str(store),
                          "--out", str(tmp / "new"), "--threads", "1", "--device", "cpu"],
+        "first-models": ["first-models", "--run", json.dumps(fesem), "--store", str(store),
+                         "--out", str(tmp / "new"), "--threads", "1", "--device", "cpu"],
         "train": ["train", "--run", json.dumps(make_run(rounds=1)), "--store", str(store), "--out",
                   str(tmp / "new"), "--no-tracking", "--no-progress", "--threads", "1"],
         "figure": ["figure", "cases", "--store", str(store), "--assignments", str(tmp / "assignments.csv"),
@@ -1248,7 +1250,7 @@ def _store_commands(store: Path, tmp: Path) -> dict[str, list[str]]:
     }
 
 
-STORE_COMMANDS = ("partition", "export-leaf", "init-centres", "train", "figure")
+STORE_COMMANDS = ("partition", "export-leaf", "init-centres", "first-models", "train", "figure")
 
 
 @pytest.mark.parametrize("command", STORE_COMMANDS)

@@ -18,6 +18,16 @@ restored metrics.json files as given, e.g.
     snakemake results-femnist-sample-fedgsp/docs/results/femnist-sample-fedgsp.md --cores 1 \
         --configfile config/femnist-sample.yaml config/femnist-sample/fedgsp.yaml --allowed-rules prepare fedgsp_cpd fedgsp_table fedgsp_publish
     make docs-results        # the page and its figures into docs/
+
+To continue a study on a new machine, train only what neither the archive nor the results directory
+holds: ``--pending CONFIG [OVERLAY ...]`` prints the ``metrics.json`` target of every such run of the
+config, and exits with 1 (as grep does) when there is none; Snakemake orders them (its priorities:
+longest first). Without targets Snakemake would train the archived runs again (they have no
+state.pt), hence the guard:
+
+    c="config/femnist-sample.yaml config/femnist-sample/authors.yaml"
+    t=$(.venv/bin/python docs/tools/archive_runs.py --pending $c) && \
+        .venv/bin/snakemake $t --cores 2 --rerun-incomplete --configfile $c
 """
 
 from __future__ import annotations
@@ -62,10 +72,34 @@ def restore(kept: Path, results: Path) -> list[Path]:
     return restored
 
 
+def pending(configs: list[str]) -> list[str]:
+    """The ``metrics.json`` targets of the config's runs that neither its results directory nor the
+    archive (``docs/results/archived-runs/<results dir>/``) holds finished, in config order."""
+    from mcfl.config import read_configs, validate
+    from mcfl.plan import Plan
+
+    plan = Plan(validate(read_configs(configs)))
+    kept = ROOT / "docs" / "results" / "archived-runs" / Path(plan.results).name
+    out = []
+    for run in plan.configured.values():
+        d = Path(plan.dir_of(run))
+        if not (d / "metrics.json").is_file() and not (kept / d.relative_to(Path(plan.results) / "runs")
+                                                        / "metrics.json").is_file():
+            out.append(f"{d.as_posix()}/metrics.json")
+    return out
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv == ["--restore"]:
+    if not argv or argv in (["--restore"], ["--pending"]):
         print(__doc__)
         return 2
+    if argv[0] == "--pending":
+        todo = pending(argv[1:])
+        if not todo:
+            print("nothing to train: every run of the config is finished or archived", file=sys.stderr)
+            return 1
+        print("\n".join(todo))
+        return 0
     if argv[0] == "--restore":
         for d in argv[1:]:
             results = Path(d)

@@ -13,7 +13,8 @@ on a random batch of its batch size (after an untimed warm-up step), and a forwa
 batch of test inputs, on the device the config names (``device: auto``: the GPU when PyTorch sees
 one) with one CPU thread, as each workflow job trains. ``init`` is the centre initialisation of the
 clustered methods that need one (every client's first local model, one per centre file the runs
-share; twice when those models do not fit in memory together and are trained again). Local steps per client are ``local_steps``, or ``local_epochs`` passes over a client's mean
+share; twice when those models do not fit in memory together and are trained again; once for all
+the centre files that share them through the workflow's ``first_models`` job). Local steps per client are ``local_steps``, or ``local_epochs`` passes over a client's mean
 number of training samples. Evaluations happen every ``eval_every`` rounds and after the last.
 The batched executor trains a round's clients in one vectorised step: it is timed as one step on
 their batches stacked (:func:`batched_group`).
@@ -164,7 +165,11 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
         init = 0
         if run.get("needs_centres"):
             ck = (run["dataset"], run["seed"], centre_key(run))
-            if ck not in centres:
+            first = plan.training.first_path(run)     # first local models made once for several files
+            if first:
+                init = int(first not in centres)
+                centres.add(first)
+            elif ck not in centres:
                 init = init_passes(size.n_clients, n_params(run["model"], size))
             centres.add(ck)
         out.append(run_cost(run, size, *measured[key], init_passes=init))

@@ -170,6 +170,30 @@ def _leaf_counts(root: Path) -> tuple[int, int, int] | None:
     return len(out["train"]), sum(out["train"]), sum(out["test"])
 
 
+def param_count(model: dict, x_shape: tuple, n_classes: int) -> int | None:
+    """Trainable parameters of a model of the zoo (:mod:`mcfl.models`), counted from its
+    architecture without building it (no torch; ``tests/test_plan.py`` checks the counts against
+    the built models); None for a model it does not know."""
+    name, kw = model["name"], {k: v for k, v in model.items() if k != "name"}
+    if name == "logreg":
+        return (math.prod(x_shape) + 1) * n_classes
+    if len(x_shape) != 3:
+        return None
+    c, h, w = x_shape
+    if name in ("femnist_cnn", "digits_cnn"):
+        k, (c1, c2), hidden = (25, (32, 64), kw.get("hidden", 2048)) if name == "femnist_cnn" else \
+            (9, (16, 32), kw.get("hidden", 64))
+        return ((c * k + 1) * c1 + (c1 * k + 1) * c2 + (c2 * (h // 4) * (w // 4) + 1) * hidden
+                + (hidden + 1) * n_classes)
+    if name == "celeba_cnn":                      # convolution and BatchNorm's scale and shift
+        ch, total = kw.get("channels", 32), 0
+        for _ in range(kw.get("blocks", 4)):
+            total += (c * 9 + 1) * ch + 2 * ch
+            c, h, w = ch, -(-h // 2), -(-w // 2)
+        return total + (c * h * w + 1) * n_classes
+    return None
+
+
 def forward_macs(model: dict, x_shape: tuple, n_classes: int) -> int | None:
     """Multiply-adds of one sample's forward pass through a model of the zoo (:mod:`mcfl.models`),
     counted from its architecture without building it (no torch; ``tests/test_plan.py`` checks

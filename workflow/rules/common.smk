@@ -53,6 +53,7 @@ wildcard_constraints:
     dataset=P.wildcard_constraints()["dataset"],
     run=P.wildcard_constraints()["run"],
     centres=P.wildcard_constraints()["centres"],
+    first=P.wildcard_constraints()["first"],
     seed=P.wildcard_constraints()["seed"],
 
 

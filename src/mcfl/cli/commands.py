@@ -80,9 +80,28 @@ def _federation_for(run: dict, store: str, device: str, threads: int, inputs=Non
     return build_federation(data, run["model"], run["train"], run["seed"], dev, inputs)
 
 
+def _cmd_first_models(a) -> int:
+    """Every client's first local model from a :func:`mcfl.cluster.spec.first_models_spec` (or a
+    whole run's JSON), for the centre files of several runs to share."""
+    from mcfl.cluster.init import all_first_models, save_first_models
+    from mcfl.cluster.spec import first_models_spec
+
+    from mcfl.config.run_arg import FIRST_MODELS_KEYS, parse_run
+
+    spec = parse_run(a.run, spec_ok=FIRST_MODELS_KEYS)
+    if "params" in spec:                                  # a run: its first-models spec
+        spec = first_models_spec(spec)
+    fed = _federation_for(spec, a.store, a.device, a.threads)
+    models = all_first_models(fed, progress=not a.no_progress)
+    save_first_models(models, a.out)
+    print(f"{a.out}: first local models of {fed.n_clients} clients, {fed.model.size} weights each")
+    return 0
+
+
 def _cmd_init_centres(a) -> int:
-    """Initial centres from a :func:`mcfl.cluster.spec.centre_spec` (or a whole run's JSON)."""
-    from mcfl.cluster.init import init_centres, save_centres
+    """Initial centres from a :func:`mcfl.cluster.spec.centre_spec` (or a whole run's JSON); with
+    ``--first-models``, clustering the first local models that file holds."""
+    from mcfl.cluster.init import init_centres, load_first_models, save_centres
     from mcfl.cluster.spec import centre_spec
 
     from mcfl.config import parse_run
@@ -98,7 +117,8 @@ def _cmd_init_centres(a) -> int:
         spec["K"] = read_k(a.k_from)
     fed = _federation_for(spec, a.store, a.device, a.threads)
     K = int(spec["K"])
-    c = init_centres(fed, K, progress=not a.no_progress,
+    models = load_first_models(a.first_models, fed) if a.first_models else None
+    c = init_centres(fed, K, progress=not a.no_progress, models=models,
                      **{k: spec[k] for k in ("restarts", "distance", "weighted", "method", "projection")})
     save_centres(c, a.out)
     sizes = [int((c.assign == k).sum()) for k in range(K)]
@@ -266,7 +286,7 @@ def _cmd_fedgsp(a) -> int:
 
 
 COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
-            "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
+            "first-models": _cmd_first_models, "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
             "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
             "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,
             "report-fedcg": _cmd_report_fedcg, "report-protocols": _cmd_report_protocols,

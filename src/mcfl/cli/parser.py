@@ -16,7 +16,8 @@ The subcommands (each has its own --help):
     mcfl partition data/digits --out data/digits-iid --scheme iid   # re-deal a store's samples
     mcfl check-config config/config.yaml          # validate; list the runs and what they cost
     mcfl methods                                  # algorithms and their hyperparameters
-    mcfl init-centres --run JSON --store DIR --out FILE
+    mcfl first-models --run JSON --store DIR --out FILE   # shared by several centre files
+    mcfl init-centres --run JSON --store DIR --out FILE [--first-models FILE]
     mcfl train --run JSON --store DIR --out DIR [--centres FILE] [--checkpoint FILE] [--k-from FILE]
     mcfl select-k --run JSON --store DIR --out FILE  # K selection (FeSEM §5.2) for a K: auto run
     mcfl report --out results RUN_DIR [RUN_DIR ...] [--sources femnist=femnist ...]
@@ -192,9 +193,11 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
                    help="time a few local steps of each model here and print what the runs cost "
                         "(a few seconds; default: on)")
     sub.add_parser("methods", help="list algorithms and their hyperparameters")
-    helps = {"init-centres": "initialise cluster centres", "train": "train one run (or several: repeat --run)",
+    helps = {"first-models": "every client's first local model, for several centre files to share",
+             "init-centres": "initialise cluster centres", "train": "train one run (or several: repeat --run)",
              "select-k": "choose K for a run with K: auto (FeSEM §5.2)"}
-    outs = {"init-centres": "centres file to write (a PyTorch file)",
+    outs = {"first-models": "first local models file to write (a PyTorch file)",
+            "init-centres": "centres file to write (a PyTorch file)",
             "train": "run directory to write (metrics.json, history.csv, ...)",
             "select-k": "file to write the chosen K and the scores of every candidate to"}
     for name, text in helps.items():
@@ -208,12 +211,15 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
         p.add_argument("--out", required=True, **many, help=outs[name] + ("; once per --run" if many else ""))
         p.add_argument("--device", default="auto", help=DEVICE_HELP)
         p.add_argument("--threads", type=int, default=available_cores(), help=THREADS_HELP)
-        if name != "select-k":
+        if name not in ("select-k", "first-models"):
             p.add_argument("--k-from", **many, help="the select-k result to take K from (runs with K: auto)")
         if name != "select-k":
             p.add_argument("--no-progress", action="store_true",
                            help="no progress bar on stderr (default: a bar per "
                                 + ("round" if name == "train" else "client trained") + ")")
+    sub.choices["init-centres"].add_argument(
+        "--first-models", help="the clients' first local models (from first-models) to cluster "
+                               "instead of training them here")
     p = sub.choices["train"]
     p.add_argument("--centres", action="append", help="initial centres file (from init-centres)")
     p.add_argument("--checkpoint", action="append", help="checkpoint file: resumed from if present")

@@ -115,11 +115,14 @@ def first_local_models(fed: Federation, start: torch.Tensor | None = None, rnd: 
 def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str = "all",
                  weighted: bool = False, method: str = "kmeans", projection: int | None = None,
                  keep_bytes: int = 256 << 20, start: torch.Tensor | None = None,
-                 rnd: int = INIT_ROUND, progress: bool = False) -> Centres:
+                 rnd: int = INIT_ROUND, progress: bool = False,
+                 models: torch.Tensor | None = None) -> Centres:
     """Initial centres from the clients' first local models (see the module docstring);
     ``projection``: None = automatic, 0 = exact coordinates, k = a k-dimensional CountSketch.
     ``start``/``rnd``: cluster the local models trained from another model than the initial weights
     (FeSEM's ``warmup``: the warm model of round ``rnd``), with that round's batches.
+    ``models``: those first local models already made (m, |W|), e.g. by :func:`all_first_models`
+    in a job of their own that several centre files share; nothing is trained then.
     ``progress``: a progress bar per client trained (``mcfl init-centres`` shows one) and a log line
     per step."""
     from sklearn.cluster import KMeans
@@ -137,16 +140,20 @@ def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str =
     def features(w: torch.Tensor) -> torch.Tensor:    # projected update, or the exact coordinates
         return sketch(w[..., sel] - w0) if sketch else w[..., sel]
 
-    keep = m * size * 4 <= keep_bytes
+    if models is not None and tuple(models.shape) != (m, size):
+        raise ValueError(f"first local models {tuple(models.shape)} do not fit m={m}, |W|={size}")
+    keep = models is not None or m * size * 4 <= keep_bytes
     feats = np.empty((m, k or d), dtype=np.float32)
-    full = torch.empty(m, size, device=fed.device) if keep else None
+    full = models if models is not None else torch.empty(m, size, device=fed.device) if keep else None
     say = log.info if progress else log.debug
-    say("first local models of %d clients (K=%d, %s)", m,  K,
-        f"{k}-dimensional projection" if k else "exact coordinates")
-    for c, res in first_local_models(fed, start, rnd, "first local models" if progress else None):
-        feats[c] = features(res.weights).cpu().numpy()
-        if keep:
-            full[c] = res.weights
+    say("first local models of %d clients (K=%d, %s%s)", m, K,
+        f"{k}-dimensional projection" if k else "exact coordinates", ", given" if models is not None else "")
+    made = ((c, w) for c, w in enumerate(models)) if models is not None else \
+        ((c, res.weights) for c, res in first_local_models(fed, start, rnd, "first local models" if progress else None))
+    for c, w in made:
+        feats[c] = features(w).cpu().numpy()
+        if models is None and keep:
+            full[c] = w
     if method == "kmeans":
         distinct = len(np.unique(feats, axis=0))
         if distinct < K:
@@ -165,16 +172,48 @@ def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str =
     acc = WeightedSum(K, size, fed.device)
     if not keep:
         say("centres: first local models again (%d x %d weights do not fit in memory)", m, size)
-    models = ((c, full[c]) for c in range(m)) if keep else \
+    members = ((c, full[c]) for c in range(m)) if keep else \
         ((c, res.weights) for c, res in first_local_models(fed, start, rnd,
-                                                          "centres (second pass)" if progress else None))
-    for c, w in models:
+                                                           "centres (second pass)" if progress else None))
+    for c, w in members:
         acc.add(int(labels[c]), w, float(fed.n_train[c]) if weighted else 1.0)
     centres = torch.stack([acc.mean(j) for j in range(K)])
     f = torch.from_numpy(feats).to(fed.device)
     centre_feats = features(centres)                              # (K, k or d), never (m, |W|)
     inertia = float(((f - centre_feats[torch.from_numpy(labels).to(fed.device)]) ** 2).sum())
     return Centres(centres, torch.from_numpy(labels.astype(np.int64)), inertia, k)
+
+
+def all_first_models(fed: Federation, progress: bool = False) -> torch.Tensor:
+    """Every client's first local model from the initial weights, as one (m, |W|) tensor: what
+    :func:`init_centres` clusters, made once for centre files that differ only in K or in how they
+    cluster (``mcfl first-models``; the DAG's ``first_models`` rule)."""
+    full = torch.empty(fed.n_clients, fed.model.size, device=fed.device)
+    for c, res in first_local_models(fed, progress="first local models" if progress else None):
+        full[c] = res.weights
+    return full
+
+
+def save_first_models(models: torch.Tensor, path) -> None:
+    """Write the first local models atomically (serialised in memory first, as :func:`save_centres`)."""
+    buf = io.BytesIO()
+    torch.save({"first_models": models.cpu()}, buf)
+    write_bytes(path, buf.getvalue())
+
+
+def load_first_models(path, fed: Federation) -> torch.Tensor:
+    """The first local models :func:`save_first_models` wrote, checked against ``fed``."""
+    try:
+        models = torch.load(path, map_location=fed.device, weights_only=True)["first_models"]
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch raises several types for a file that is not one
+        raise ValueError(f"{path}: not a first-models file ({type(e).__name__}); rerun the "
+                         f"first_models rule") from None
+    if tuple(models.shape) != (fed.n_clients, fed.model.size):
+        raise ValueError(f"{path}: first local models {tuple(models.shape)} do not fit "
+                         f"m={fed.n_clients}, |W|={fed.model.size}; rerun the first_models rule")
+    return models.float()
 
 
 def save_centres(c: Centres, path) -> None:

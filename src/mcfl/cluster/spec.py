@@ -20,15 +20,25 @@ def centre_options(params) -> dict:
             "projection": get("init_projection", None)}
 
 
+def first_models_spec(run: dict) -> dict:
+    """Everything the clients' first local models depend on: dataset, seed, model and the settings
+    of the local update that makes them (not K, nor how they are clustered)."""
+    return {"dataset": run["dataset"], "seed": run["seed"], "model": run["model"],
+            "train": {k: v for k, v in run["train"].items() if k in TrainSpec.LOCAL_KEYS}}
+
+
+def first_models_key(run: dict) -> str:
+    """The name of the file a run's first local models are shared in: ``first-<hash of its
+    first_models_spec>``; centre files with equal keys cluster the same models."""
+    return f"first-{config_hash(first_models_spec(run))[:8]}"
+
+
 def centre_spec(run: dict) -> dict:
     """Everything a clustered run's initial centres depend on: dataset, seed, model, the local update
     that makes the clients' first models, K and the k-means options; nothing of the method itself.
     Runs with equal specs (in the default config FeSEM(3), FeSEM-MA(3), Robust(3), HypoCluster(3))
     share one ``init_centres`` job and file."""
-    return {"dataset": run["dataset"], "seed": run["seed"], "model": run["model"],
-            # the settings of the local update that makes the clients' first models
-            "train": {k: v for k, v in run["train"].items() if k in TrainSpec.LOCAL_KEYS},
-            "K": run["params"]["K"], **centre_options(run["params"])}
+    return {**first_models_spec(run), "K": run["params"]["K"], **centre_options(run["params"])}
 
 
 def centre_key(run: dict) -> str:

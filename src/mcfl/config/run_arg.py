@@ -10,10 +10,12 @@ from mcfl.config.validate import _check_numbers, _schema, method_params
 
 RUN_KEYS = ("dataset", "method", "label", "run_id", "seed", "params", "model", "train")
 SPEC_KEYS = ("dataset", "seed", "model", "train", "K")
+FIRST_MODELS_KEYS = ("dataset", "seed", "model", "train")
 
 
-def parse_run(text: str, *, flag: str = "--run", spec_ok: bool = False) -> dict:
-    """A run's (or, with ``spec_ok``, a centre spec's) JSON text from the command line, checked:
+def parse_run(text: str, *, flag: str = "--run", spec_ok: bool | tuple[str, ...] = False) -> dict:
+    """A run's (or, with ``spec_ok``, a centre spec's; with ``spec_ok`` a tuple of keys, a spec with
+    those keys, e.g. :data:`FIRST_MODELS_KEYS`) JSON text from the command line, checked:
     JSON, the keys training reads, every number finite, a run's ``train`` against the schema and
     its ``params`` against the method. Errors are one-line ConfigErrors naming ``flag`` and the key."""
     import json
@@ -29,7 +31,8 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool = False) -> dict:
         hint = " (that is a file name)" if Path(text).exists() else ""
         raise ConfigError(f"{flag}: not JSON text{hint} ({e}); pass the run's JSON itself, as "
                           f"`mcfl check-config` and the workflow make it") from None
-    keys = SPEC_KEYS if spec_ok and isinstance(run, dict) and "params" not in run else RUN_KEYS
+    spec_keys = spec_ok if isinstance(spec_ok, tuple) else SPEC_KEYS
+    keys = spec_keys if spec_ok and isinstance(run, dict) and "params" not in run else RUN_KEYS
     missing = [k for k in keys if not isinstance(run, dict) or k not in run]
     if missing:
         raise ConfigError(f"{flag}: missing keys {', '.join(missing)}; pass a run's JSON as "

@@ -141,7 +141,7 @@ class Plan:
     # -- wildcards and settings every job shares --------------------------------------------------
     def wildcard_constraints(self) -> dict[str, str]:
         return {"dataset": "|".join(self.datasets), "run": RUN_PATTERN, "centres": RUN_PATTERN,
-                "seed": r"\d+"}
+                "first": r"first-[0-9a-f]+", "seed": r"\d+"}
 
     def gpu(self) -> int:
         """GPU units per training job: one when CUDA may be used (cap with ``--resources gpu=N``)."""

@@ -12,12 +12,22 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from mcfl.cluster.spec import centre_key, centre_spec
+from mcfl.cluster.spec import centre_key, centre_spec, first_models_key, first_models_spec
 from mcfl.io import canonical_json
-from mcfl.plan.runs import RUN_PATTERN
+from mcfl.plan.runs import RUN_PATTERN, run_key
 
 if TYPE_CHECKING:
     from mcfl.plan import Plan
+
+
+#: centre files that cluster the same first local models share one ``first_models`` job when those
+#: models fit in this many bytes (the file holds all of them; 105 FEMNIST writers' CNNs with
+#: hidden 248: 355 MB) ...
+FIRST_MODELS_BYTES = 1 << 30
+#: ... and making them is worth a job of its own: at least this many million multiply-adds
+#: (seconds on a CPU core; the digits CNN's first local models, a fraction of a second, are made
+#: again in each centre job, as the job's start-up costs more than they do)
+FIRST_MODELS_MIN_WORK = 1e5
 
 
 class TrainPlan:
@@ -67,7 +77,65 @@ class TrainPlan:
         return self.init_file.format(dataset=run["dataset"], centres=centre_key(run), seed=run["seed"])
 
     def init_inputs(self, w) -> dict[str, str]:
-        return {"store": self.plan.store(w.dataset), **self.k_input(w, self.init_run(w))}
+        run = self.init_run(w)
+        inputs = {"store": self.plan.store(w.dataset), **self.k_input(w, run)}
+        first = self.first_path(run)
+        if first:
+            inputs["first"] = first
+        return inputs
+
+    @staticmethod
+    def first_flag(w, input) -> list[str]:
+        return ["--first-models", input.first] if "first" in input.keys() else []  # noqa: SIM118
+
+    # -- first local models shared by centre files ---------------------------------------------------
+    @functools.cached_property
+    def shared_first(self) -> dict[tuple, dict]:
+        """(dataset, first-models key, seed) -> a run, for each set of centre files that cluster the
+        same first local models (they differ only in K or in how they cluster: FeSEM(2), (3), (4),
+        Robust(3) ... of one seed) where one ``first_models`` job pays: two or more such files, the
+        models within :data:`FIRST_MODELS_BYTES`, and their training at least
+        :data:`FIRST_MODELS_MIN_WORK`. Every other centre file trains its clients itself."""
+        from mcfl.workload import param_count
+
+        groups: dict[tuple, list[dict]] = {}
+        for (d, _, s), run in self.plan.inits.items():
+            if not run.get("select_k"):          # K: auto: its own file, after its K selection
+                groups.setdefault((d, first_models_key(run), s), []).append(run)
+        out = {}
+        for key, runs in groups.items():
+            run, size = runs[0], self._sizes[key[0]]
+            params = param_count(run["model"], tuple(size.x_shape), size.n_classes)
+            if (len(runs) >= 2 and params is not None and size.n_clients * params * 4 <= FIRST_MODELS_BYTES
+                    and self._work[run_key(run)][1] >= FIRST_MODELS_MIN_WORK):
+                out[key] = run
+        return out
+
+    @property
+    def first_models_file(self) -> str:
+        """A first-models file: {first} is ``first-<hash>`` (:func:`mcfl.cluster.spec.first_models_key`)."""
+        return self.plan.res("first_models/{dataset}/{first}/seed{seed}.pt")
+
+    def first_path(self, run: dict) -> str | None:
+        """The first-models file a centre file of ``run`` clusters, if it shares one."""
+        key = (run["dataset"], first_models_key(run), run_key(run)[2])
+        if run.get("select_k") or key not in self.shared_first:
+            return None
+        return self.first_models_file.format(dataset=key[0], first=key[1], seed=key[2])
+
+    def first_json(self, w) -> str:
+        """What the first local models depend on (not K, nor how they are clustered)."""
+        return canonical_json(first_models_spec(self.shared_first[(w.dataset, w.first, w.seed)]))
+
+    def first_store(self, w) -> str:
+        return self.plan.store(w.dataset)
+
+    def first_priority(self, w) -> int:
+        """Above every centre file that waits for it."""
+        users = [SimpleNamespace(dataset=d, centres=c, seed=s) for (d, c, s), run in self.plan.inits.items()
+                 if (d, s) == (w.dataset, w.seed) and self.first_path(run)
+                 and first_models_key(run) == w.first]
+        return 1 + max(map(self.init_priority, users))
 
     # -- K selection ---------------------------------------------------------------------------------
     @property
@@ -168,20 +236,25 @@ class TrainPlan:
         is measured and nothing imports torch: every workflow invocation computes it, dry runs
         included. What a method adds to local training (FedCG's graph, FedDane's gradient pass) and
         its server step are not counted; one pass of centre initialisation."""
-        from mcfl.workload import data_size, forward_macs, run_cost, train_defaults
+        from mcfl.workload import forward_macs, run_cost, train_defaults
 
-        defaults, sizes, out = train_defaults(), {}, {}
+        defaults, out = train_defaults(), {}
         for key, run in self.runs.items():
-            name = run["dataset"]
-            if name not in sizes:
-                sizes[name] = data_size(self.plan.datasets[name], Path(self.plan.store(name)),
-                                        Path(self.plan.raw_store(name)))
-            size = sizes[name]
+            size = self._sizes[run["dataset"]]
             macs = (forward_macs(run["model"], tuple(size.x_shape), size.n_classes) or 1) / 1e6
             batch = int({**defaults, **run["train"]}["batch_size"])
             c = run_cost(run, size, 3.0 * batch * macs, macs, init_passes=int(bool(run.get("needs_centres"))))
             out[key] = (c.total_s - c.init_s, c.init_s)
         return out
+
+    @functools.cached_property
+    def _sizes(self) -> dict:
+        """Each dataset's sizes (:func:`mcfl.workload.data_size`), for the runs that train on it."""
+        from mcfl.workload import data_size
+
+        names = dict.fromkeys(run["dataset"] for run in self.runs.values())
+        return {name: data_size(self.plan.datasets[name], Path(self.plan.store(name)),
+                                Path(self.plan.raw_store(name))) for name in names}
 
     def train_priority(self, w) -> int:
         """A one-seed training job's priority: its run's work."""
