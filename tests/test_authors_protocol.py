@@ -32,7 +32,8 @@ def test_the_overlay_is_the_recorded_command():
     assert {k: fedavg["train"][k] for k in ("rounds", "clients_per_round", "local_epochs", "lr")} == \
         {"rounds": 100, "clients_per_round": 20, "local_epochs": 5, "lr": 0.01}
     assert [r["label"] for r in runs] == ["NoFed", "FedSGD", "FedAvg", "FedDist", "FedDist+WS", "Robust(TKM)",
-                                          "FedCluster", "HypoCluster(3)", "FedDane", "FedDane-LR", "FedAvg-LR", "FedProx",
+                                          "FedCluster", "HypoCluster(3)", "FedDane", "FedDane-LR", "FedAvg-LR",
+                                          "FedAvg-lr0.003", "FedProx",
                                           "FeSEM(2)", "FeSEM(3)", "FeSEM(4)", "FeSEM-MA(3)"]
     # their FedDANE script's FEMNIST model, logistic regression, beside FedDane on the CNN; same schedule
     dane = {r["label"]: r for r in runs if r["method"] == "FedDANE"}
@@ -42,6 +43,9 @@ def test_the_overlay_is_the_recorded_command():
     assert dane["FedDane-LR"]["params"] == dane["FedDane"]["params"]
     control = next(r for r in runs if r["label"] == "FedAvg-LR")     # FedAvg on that model, FedDane's schedule
     assert control["model"] == {"name": "logreg"} and control["train"] == dane["FedDane-LR"]["train"]
+    cnn = next(r for r in runs if r["label"] == "FedAvg-lr0.003")    # and on the CNN: FedAvg at FedDane's lr
+    assert cnn["model"] == dane["FedDane"]["model"] and cnn["train"] == dane["FedDane"]["train"]
+    assert {k for k in cnn["train"] if cnn["train"][k] != fedavg["train"][k]} == {"lr"}
 
 
 def test_the_switches_share_the_studys_runs_and_change_one_setting_each():
