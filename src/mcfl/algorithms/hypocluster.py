@@ -44,17 +44,22 @@ class HypoCluster(CentredAlgorithm):
     name = "HypoCluster"
     Params = Params
 
-    def choose(self, models: torch.Tensor, client: int) -> int:
-        """Step 1: the hypothesis with the lowest mean loss on the client's training data."""
-        rows = self.fed.dev.client_rows(client)
-        losses = torch.stack([self.fed.trainer.predict(h, rows, split="train")[1].mean() for h in models])
-        return int(torch.argmin(losses))
+    def choose(self, models: torch.Tensor, clients) -> torch.Tensor:
+        """Step 1 for each of ``clients``: the hypothesis with the lowest mean loss on the client's
+        training data. Each hypothesis predicts all the clients' rows at once (one pass per
+        hypothesis, not one per client and hypothesis); each client's mean is over its own rows."""
+        rows = [self.fed.dev.client_rows(int(c)) for c in clients]
+        sizes = [len(r) for r in rows]
+        losses = torch.stack([
+            torch.stack([part.mean() for part in
+                         self.fed.trainer.predict(h, torch.cat(rows), split="train")[1].split(sizes)])
+            for h in models])                                                  # (K, clients)
+        return losses.argmin(0)
 
     def round(self, state: State, clients: np.ndarray, rnd: int):
         fed, K = self.fed, self.p.K
         assign = state.assign.clone()
-        for c in clients:
-            assign[int(c)] = self.choose(state.centres, int(c))
+        assign[torch.as_tensor(clients, dtype=torch.long)] = self.choose(state.centres, clients).to(assign)
         tasks = (Task(int(c), state.centres[int(assign[c])]) for c in clients)
         acc = WeightedSum(K, fed.model.size, fed.device)
         losses = []
