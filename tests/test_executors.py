@@ -16,6 +16,7 @@ from mcfl.engine import DeviceData, DivergenceError, FlatModel, LocalSpec, Local
 from mcfl.executors import STACKED_CPU_MACS, BatchedTrainer, forward_macs, make_trainer
 from mcfl.federation import build_federation
 from mcfl.runner import train
+from mcfl.streams import FINETUNE
 
 
 def _results(trainer, tasks, rnd=2):
@@ -82,6 +83,31 @@ def test_batched_clips_each_clients_gradient_like_sequential(digits_store):
                             seed=3)
     unclipped = _results(free.trainer, tasks)
     assert max(float((unclipped[c][0] - seq[c][0]).abs().max()) for c in seq) > 1e-3
+
+
+@pytest.mark.parametrize("fallback", ["stacked", "sequential"])
+def test_run_takes_another_stream_and_number_of_epochs_like_train(digits_store, fallback):
+    """Evaluation's fine-tuning: ``run(tasks, rnd, purpose, spec)`` trains every task on stream
+    ``purpose`` for ``spec``'s epochs, as ``train`` does one task at a time: the sequential loop bit
+    for bit, the batched executor (both of its paths) to float rounding."""
+    cfg = {"lr": 0.1, "rounds": 1, "local_epochs": 1, "batch_size": 5}
+    fed = build_federation(load(digits_store), {"name": "digits_cnn"}, cfg, seed=3)
+    spec = LocalSpec(lr=0.1, batch_size=5, epochs=2)
+    tasks = [Task(c, fed.w0) for c in range(fed.n_clients)]
+    one = {t.client: fed.trainer.train(t, 4, FINETUNE, spec) for t in tasks}
+    one = {c: (r.weights, r.loss, r.steps, r.n_samples) for c, r in one.items()}
+    seq = {t.client: (r.weights.clone(), r.loss, r.steps, r.n_samples)
+           for t, r in fed.trainer.run(tasks, 4, FINETUNE, spec)}
+    _assert_same(one, seq, atol=0)
+    bat = BatchedTrainer(fed.model, fed.dev, fed.trainer.spec, fed.seed, chunk=5, fallback=fallback)
+    got = {t.client: (r.weights.clone(), r.loss, r.steps, r.n_samples)
+           for t, r in bat.run(tasks, 4, FINETUNE, spec)}
+    _assert_same(one, got)
+    assert one[0][2] == 2 * -(-int(fed.n_train[0]) // 5)                 # two epochs, not the run's one
+    plain = _results(fed.trainer, tasks, rnd=4)            # the run's own stream and epochs: other weights
+    assert max(float((plain[c][0] - one[c][0]).abs().max()) for c in one) > 1e-3
+    with pytest.raises(ValueError, match="epochs or steps only"):
+        list(bat.run(tasks, 4, FINETUNE, LocalSpec(lr=0.5, batch_size=5, epochs=2)))
 
 
 def _ragged_store(tmp_path, sizes=(1, 3, 7, 12, 4, 2)):
@@ -334,8 +360,8 @@ def test_every_method_runs_with_the_batched_executor(method, path, digits_store,
             else mcfl.executors.make_trainer(ex, *a, chunk=chunk)))
     chunks = []
     train_chunk = BatchedTrainer._train_chunk
-    monkeypatch.setattr(BatchedTrainer, "_train_chunk", lambda self, tasks, rnd, lowrank=True: (
-        chunks.append(lowrank), train_chunk(self, tasks, rnd, lowrank))[1])
+    monkeypatch.setattr(BatchedTrainer, "_train_chunk", lambda self, tasks, rnd, lowrank=True, *a: (
+        chunks.append(lowrank), train_chunk(self, tasks, rnd, lowrank, *a))[1])
     states = {}
     write_state = mcfl.runner._write_state
     monkeypatch.setattr(mcfl.runner, "_write_state", lambda file, algo, state: (

@@ -196,7 +196,7 @@ def test_path_choice_is_automatic_and_logged_once(tmp_path, spy, caplog):
     tr = BatchedTrainer(fm, dev, spec, seed=0, lowrank=1, fallback="sequential")   # limit: 5 rows
     stacked = []
     orig = BatchedTrainer._train_chunk
-    BatchedTrainer._train_chunk = lambda self, t, r, lowrank=True: stacked.append(lowrank) or orig(self, t, r, lowrank)
+    BatchedTrainer._train_chunk = lambda self, t, r, lowrank=True, *a: stacked.append(lowrank) or orig(self, t, r, lowrank, *a)
     try:
         with caplog.at_level("INFO", logger="mcfl"):
             for rnd in (3, 3):

@@ -352,11 +352,14 @@ class LocalTrainer:
         grads = iter(torch.autograd.grad(loss, live, allow_unused=True, materialize_grads=True))
         return [next(grads) if p.requires_grad else torch.zeros_like(p) for p in w]
 
-    def run(self, tasks: Iterable[Task], rnd: int) -> Iterator[tuple[Task, LocalResult]]:
+    def run(self, tasks: Iterable[Task], rnd: int, purpose: int = 0,
+            spec: LocalSpec | None = None) -> Iterator[tuple[Task, LocalResult]]:
         """Train each task in turn and yield it with its result, so a server can fold each local
-        model into running sums and drop it: peak memory is one local model, not m of them."""
+        model into running sums and drop it: peak memory is one local model, not m of them.
+        ``purpose`` and ``spec`` as for :meth:`train` (evaluation's fine-tuning: its own stream
+        and number of epochs)."""
         for task in tasks:
-            yield task, self.train(task, rnd)
+            yield task, self.train(task, rnd, purpose, spec)
 
     # -- gradients and evaluation ---------------------------------------------------------------
     def gradient(self, w: torch.Tensor, client: int, rows: torch.Tensor | None = None,

@@ -69,10 +69,11 @@ class RoundCache:
         fed, off = self.fed, self.fed.dev.offsets["test"]
         todo = [int(c) for c in clients if (k, finetune_epochs, int(c)) not in self._done]
         w = self.models[k][0]
-        if finetune_epochs:   # each client adapts the model on its train data (the algorithm's own trainer)
-            trainer = self.algo.fed.trainer
+        if finetune_epochs:   # each client adapts the model on its train data (the algorithm's own
+            trainer = self.algo.fed.trainer      # trainer, all of them in one call: batched, they stack)
             spec = dataclasses.replace(trainer.spec, epochs=finetune_epochs, steps=None)
-            batches = [(trainer.train(Task(c, w), self.rnd, FINETUNE, spec).weights, [c]) for c in todo]
+            batches = ((res.weights, [task.client]) for task, res in
+                       trainer.run([Task(c, w) for c in todo], self.rnd, FINETUNE, spec))
         else:
             batches = [(w, todo)] if todo else []
         for wg, mine in batches:

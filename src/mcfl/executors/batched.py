@@ -45,6 +45,7 @@ sequential paths sum them over each client's steps (``LocalResult.aux``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Iterable, Iterator
@@ -192,10 +193,15 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
             self._said.add(key)
             log.info(message)
 
-    def run(self, tasks: Iterable[Task], rnd: int) -> Iterator[tuple[Task, LocalResult]]:
+    def run(self, tasks: Iterable[Task], rnd: int, purpose: int = 0,
+            spec: LocalSpec | None = None) -> Iterator[tuple[Task, LocalResult]]:
+        """As :meth:`LocalTrainer.run`. ``spec`` may differ from the trainer's in its number of
+        epochs or steps only (evaluation's fine-tuning); the batches come from stream ``purpose``."""
         tasks = list(tasks)
-        B = self.spec.batch_size
-        steps = [n_steps(int(self.data.n_train[t.client]), self.spec) for t in tasks]
+        spec = self._plan_spec(spec)
+        B = spec.batch_size
+        steps = [n_steps(int(self.data.n_train[t.client]), spec) for t in tasks]
+        plan = (purpose, spec)
         # a layerwise loss must be batchable too: a task the low-rank path cannot take goes stacked
         layerwise = all(t.loss is None or (getattr(t.loss, "batchable", False) and getattr(t.loss, "layerwise", None))
                         for t in tasks)
@@ -204,16 +210,16 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
                 if self._half is not None:    # its own tensors are not cast with the parameters
                     self._say("batched executor: a custom local loss trains on the sequential path under "
                               "precision bf16 (autocast does not reach into torch.func.vmap on every device)")
-                    yield from super().run(tasks, rnd)
+                    yield from super().run(tasks, rnd, *plan)
                     return
                 projected = (" (its projection matrices as low-rank histories where mcfl.executors.PROJECTED "
                              "allows)" if self._projected and self.lowrank > 0 and self.fallback == "stacked" else "")
                 self._say(f"batched executor: a custom local loss trains on the {self.fallback} path{projected}, "
                           f"the faster one for this model on {self.model.device.type}{LONE[self.fallback]}")
                 if self.fallback == "stacked" and len(tasks) > 1:
-                    yield from self._run_chunks(tasks, steps, rnd, False)
+                    yield from self._run_chunks(tasks, steps, rnd, False, plan)
                     return
-            yield from super().run(tasks, rnd)
+            yield from super().run(tasks, rnd, *plan)
             return
         fast = [bool(self._lazy_layers([t], s * B)) for t, s in zip(tasks, steps)]
         slow = [t for t, f in zip(tasks, fast) if not f]
@@ -223,13 +229,24 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
                     f"model on {self.model.device.type}{LONE[self.fallback]}")
             self._say(f"{said} (first in round {rnd}: {len(slow)} of {len(tasks)} clients)", key=said)
             if self.fallback == "sequential" or len(slow) == 1:    # one client: stacking adds only cost
-                yield from super().run(slow, rnd)
+                yield from super().run(slow, rnd, *plan)
             else:
-                yield from self._run_chunks(slow, [s for s, f in zip(steps, fast) if not f], rnd, False)
+                yield from self._run_chunks(slow, [s for s, f in zip(steps, fast) if not f], rnd, False, plan)
         yield from self._run_chunks([t for t, f in zip(tasks, fast) if f],
-                                    [s for s, f in zip(steps, fast) if f], rnd, True)
+                                    [s for s, f in zip(steps, fast) if f], rnd, True, plan)
 
-    def _run_chunks(self, tasks: list[Task], steps: list[int], rnd: int, lowrank: bool):
+    def _plan_spec(self, spec: LocalSpec | None) -> LocalSpec:
+        """``spec`` (default: the trainer's), refused where it differs in more than what only the
+        batch plan reads (epochs, steps): the chunk code trains with the trainer's own."""
+        if spec is None:
+            return self.spec
+        if dataclasses.replace(spec, epochs=self.spec.epochs, steps=self.spec.steps) != self.spec:
+            raise ValueError("the batched executor trains another spec's epochs or steps only; "
+                             f"got {spec} for a trainer of {self.spec}")
+        return spec
+
+    def _run_chunks(self, tasks: list[Task], steps: list[int], rnd: int, lowrank: bool,
+                    plan: tuple[int, LocalSpec | None] = (0, None)):
         """Sort ``tasks`` by number of steps (longest first; on the low-rank path clients with the
         same start and anchor next to each other, so that chunks share them), cut them into
         chunks and train each."""
@@ -253,13 +270,14 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
             for a in range(0, len(order), size):
                 chunk = [tasks[i] for i in sorted(order[a:a + size], key=lambda i: -steps[i])]
                 with self.numerics():
-                    results = self._train_chunk(chunk, rnd, lowrank)
+                    results = self._train_chunk(chunk, rnd, lowrank, plan)
                 yield from zip(chunk, results)
 
-    def _chunk_batches(self, tasks: list[Task], rnd: int):
-        """The chunk's batch plans as ``rows`` (steps, C, B) (padded rows: row 0, masked), ``mask``,
-        each client's number of ``steps`` and ``active[s]`` = n_s, the clients training at step s."""
-        plans = [self.plan(t.client, rnd) for t in tasks]
+    def _chunk_batches(self, tasks: list[Task], rnd: int, plan: tuple[int, LocalSpec | None] = (0, None)):
+        """The chunk's batch plans (stream and spec ``plan``) as ``rows`` (steps, C, B) (padded
+        rows: row 0, masked), ``mask``, each client's number of ``steps`` and ``active[s]`` = n_s,
+        the clients training at step s."""
+        plans = [self.plan(t.client, rnd, *plan) for t in tasks]
         steps = torch.tensor([len(p) for p in plans])
         if bool((steps[1:] > steps[:-1]).any()):
             raise ValueError("_train_chunk needs its tasks sorted by number of steps, longest first")
@@ -294,14 +312,15 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
         linear = [t.linear for t in tasks] if any(t.linear is not None for t in tasks) else None
         return [float(t.mu) for t in tasks], anchor, linear
 
-    def _train_chunk(self, tasks: list[Task], rnd: int, lowrank: bool = True) -> list[LocalResult]:
+    def _train_chunk(self, tasks: list[Task], rnd: int, lowrank: bool = True,
+                     plan: tuple[int, LocalSpec | None] = (0, None)) -> list[LocalResult]:
         """Train ``tasks`` (sorted by number of steps, longest first) together. At step s the
         clients still training are a prefix ``[:n_s]`` of the chunk, so each step works on views
         ``w[:n_s]`` (no work for finished clients); rows past the end of a short last batch are
         padding, masked out of the loss. Low-rank path when it applies (see :meth:`_lazy_layers`)."""
         if self._unsupported:
             raise ValueError(f"the batched executor cannot stack a model with {self._unsupported}")
-        rows, mask, steps, active = self._chunk_batches(tasks, rnd)
+        rows, mask, steps, active = self._chunk_batches(tasks, rnd, plan)
         lazy = self._lazy_layers(tasks, len(rows) * self.spec.batch_size) if lowrank else []
         if lazy:
             return self._train_chunk_lowrank(tasks, rnd, rows, mask, steps, active, lazy)
