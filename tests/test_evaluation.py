@@ -133,6 +133,36 @@ def test_a_rounds_protocols_share_predictions_and_fine_tuning(fed, monkeypatch):
     assert algo.rows == 2 * 10 + 4 + 2
 
 
+def test_fine_tuning_stacks_under_the_batched_executor(digits_store, monkeypatch):
+    """A model's fine-tuned clients go to the executor in one call, and each client's predictions,
+    made as the batched executor yields its fine-tuned model chunk by chunk, are those of the
+    model it fine-tuned (collected first and predicted afterwards), bit for bit."""
+    import dataclasses
+
+    from mcfl import algorithms
+    from mcfl.engine import Task
+    from mcfl.streams import FINETUNE
+
+    fed = build_federation(load(digits_store), {"name": "digits_cnn"},
+                           {"lr": 0.2, "rounds": 1, "batch_size": 10, "local_epochs": 1,
+                            "executor": "batched", "executor_chunk": 3}, seed=0)
+    algo = algorithms.get("FedAvg")(fed, algorithms.get("FedAvg").Params())
+    state = algo.init()
+    calls, run = [], fed.trainer.run
+    monkeypatch.setattr(fed.trainer, "run", lambda tasks, *a: calls.append(len(tasks)) or run(tasks, *a))
+    clients = np.arange(8)
+    owners, rows, preds, losses = RoundCache(algo, state, fed, 1).tested(0, clients, 1)
+    assert calls == [8]                                       # one call for all 8 clients
+    spec = dataclasses.replace(fed.trainer.spec, epochs=1, steps=None)
+    tuned = {t.client: r.weights for t, r in run([Task(int(c), state.w) for c in clients], 1, FINETUNE, spec)}
+    off = fed.dev.offsets["test"]
+    for c in clients:
+        p, loss = algo.predict(tuned[int(c)], torch.arange(off[c], off[c + 1]), state)
+        assert np.array_equal(p.numpy(), preds[owners == c]) and np.array_equal(loss.numpy(), losses[owners == c])
+    plain = RoundCache(algo, state, fed, 1).tested(0, clients, 0)            # fine-tuning changed them
+    assert not np.array_equal(plain[3], losses)
+
+
 def test_protocol_switches_are_checked():
     with pytest.raises(ValueError, match="combine must be one of"):
         Protocol(combine="max")

@@ -49,6 +49,8 @@ class HypoCluster(CentredAlgorithm):
         training data. Each hypothesis predicts all the clients' rows at once (one pass per
         hypothesis, not one per client and hypothesis); each client's mean is over its own rows."""
         rows = [self.fed.dev.client_rows(int(c)) for c in clients]
+        if not rows:
+            return torch.zeros(0, dtype=torch.long)
         sizes = [len(r) for r in rows]
         losses = torch.stack([
             torch.stack([part.mean() for part in

@@ -201,7 +201,7 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
         spec = self._plan_spec(spec)
         B = spec.batch_size
         steps = [n_steps(int(self.data.n_train[t.client]), spec) for t in tasks]
-        plan = (purpose, spec)
+        batching = (purpose, spec)
         # a layerwise loss must be batchable too: a task the low-rank path cannot take goes stacked
         layerwise = all(t.loss is None or (getattr(t.loss, "batchable", False) and getattr(t.loss, "layerwise", None))
                         for t in tasks)
@@ -210,16 +210,16 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
                 if self._half is not None:    # its own tensors are not cast with the parameters
                     self._say("batched executor: a custom local loss trains on the sequential path under "
                               "precision bf16 (autocast does not reach into torch.func.vmap on every device)")
-                    yield from super().run(tasks, rnd, *plan)
+                    yield from super().run(tasks, rnd, *batching)
                     return
                 projected = (" (its projection matrices as low-rank histories where mcfl.executors.PROJECTED "
                              "allows)" if self._projected and self.lowrank > 0 and self.fallback == "stacked" else "")
                 self._say(f"batched executor: a custom local loss trains on the {self.fallback} path{projected}, "
                           f"the faster one for this model on {self.model.device.type}{LONE[self.fallback]}")
                 if self.fallback == "stacked" and len(tasks) > 1:
-                    yield from self._run_chunks(tasks, steps, rnd, False, plan)
+                    yield from self._run_chunks(tasks, steps, rnd, False, batching)
                     return
-            yield from super().run(tasks, rnd, *plan)
+            yield from super().run(tasks, rnd, *batching)
             return
         fast = [bool(self._lazy_layers([t], s * B)) for t, s in zip(tasks, steps)]
         slow = [t for t, f in zip(tasks, fast) if not f]
@@ -229,11 +229,11 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
                     f"model on {self.model.device.type}{LONE[self.fallback]}")
             self._say(f"{said} (first in round {rnd}: {len(slow)} of {len(tasks)} clients)", key=said)
             if self.fallback == "sequential" or len(slow) == 1:    # one client: stacking adds only cost
-                yield from super().run(slow, rnd, *plan)
+                yield from super().run(slow, rnd, *batching)
             else:
-                yield from self._run_chunks(slow, [s for s, f in zip(steps, fast) if not f], rnd, False, plan)
+                yield from self._run_chunks(slow, [s for s, f in zip(steps, fast) if not f], rnd, False, batching)
         yield from self._run_chunks([t for t, f in zip(tasks, fast) if f],
-                                    [s for s, f in zip(steps, fast) if f], rnd, True, plan)
+                                    [s for s, f in zip(steps, fast) if f], rnd, True, batching)
 
     def _plan_spec(self, spec: LocalSpec | None) -> LocalSpec:
         """``spec`` (default: the trainer's), refused where it differs in more than what only the
@@ -246,7 +246,7 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
         return spec
 
     def _run_chunks(self, tasks: list[Task], steps: list[int], rnd: int, lowrank: bool,
-                    plan: tuple[int, LocalSpec | None] = (0, None)):
+                    batching: tuple[int, LocalSpec | None] = (0, None)):
         """Sort ``tasks`` by number of steps (longest first; on the low-rank path clients with the
         same start and anchor next to each other, so that chunks share them), cut them into
         chunks and train each."""
@@ -270,14 +270,14 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
             for a in range(0, len(order), size):
                 chunk = [tasks[i] for i in sorted(order[a:a + size], key=lambda i: -steps[i])]
                 with self.numerics():
-                    results = self._train_chunk(chunk, rnd, lowrank, plan)
+                    results = self._train_chunk(chunk, rnd, lowrank, batching)
                 yield from zip(chunk, results)
 
-    def _chunk_batches(self, tasks: list[Task], rnd: int, plan: tuple[int, LocalSpec | None] = (0, None)):
-        """The chunk's batch plans (stream and spec ``plan``) as ``rows`` (steps, C, B) (padded
+    def _chunk_batches(self, tasks: list[Task], rnd: int, batching: tuple[int, LocalSpec | None] = (0, None)):
+        """The chunk's batch plans (stream and spec ``batching``) as ``rows`` (steps, C, B) (padded
         rows: row 0, masked), ``mask``, each client's number of ``steps`` and ``active[s]`` = n_s,
         the clients training at step s."""
-        plans = [self.plan(t.client, rnd, *plan) for t in tasks]
+        plans = [self.plan(t.client, rnd, *batching) for t in tasks]
         steps = torch.tensor([len(p) for p in plans])
         if bool((steps[1:] > steps[:-1]).any()):
             raise ValueError("_train_chunk needs its tasks sorted by number of steps, longest first")
@@ -313,14 +313,14 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
         return [float(t.mu) for t in tasks], anchor, linear
 
     def _train_chunk(self, tasks: list[Task], rnd: int, lowrank: bool = True,
-                     plan: tuple[int, LocalSpec | None] = (0, None)) -> list[LocalResult]:
+                     batching: tuple[int, LocalSpec | None] = (0, None)) -> list[LocalResult]:
         """Train ``tasks`` (sorted by number of steps, longest first) together. At step s the
         clients still training are a prefix ``[:n_s]`` of the chunk, so each step works on views
         ``w[:n_s]`` (no work for finished clients); rows past the end of a short last batch are
         padding, masked out of the loss. Low-rank path when it applies (see :meth:`_lazy_layers`)."""
         if self._unsupported:
             raise ValueError(f"the batched executor cannot stack a model with {self._unsupported}")
-        rows, mask, steps, active = self._chunk_batches(tasks, rnd, plan)
+        rows, mask, steps, active = self._chunk_batches(tasks, rnd, batching)
         lazy = self._lazy_layers(tasks, len(rows) * self.spec.batch_size) if lowrank else []
         if lazy:
             return self._train_chunk_lowrank(tasks, rnd, rows, mask, steps, active, lazy)
