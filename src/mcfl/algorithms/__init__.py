@@ -25,6 +25,9 @@ REGISTRY = {
     "IDA": "ida:IDA", "FedMMD": "fedmmd:FedMMD", "FedFusion": "fedfusion:FedFusion",
     # FedCG (Caldarola et al., CVPR-W 2021)
     "FedCG": "fedcg:FedCG",
+    "FL+HC": "flhc:FLHC",
+    "PACFL": "pacfl:PACFL",
+    "FedSoft": "fedsoft:FedSoft",
 }
 
 

@@ -16,6 +16,22 @@ with the model it last picked. Initial hypotheses: the k-means centre initialisa
 FeSEM (FedJAX's ``hyp_cluster.kmeans_init`` idea; IFCA's random initialisation needs restarts to
 succeed), so HypoCluster and FeSEM differ only in how clients choose a cluster: by loss here, by
 weight distance in FeSEM.
+
+IFCA as in its paper (Ghosh et al.; under the name ``IFCA``, two switches give the original):
+
+* ``init_models: independent``: the K models are initialised independently at random (the model's
+  own initialisers, seeded by (seed, model, k); hypothesis 0 is the run's common initial model), as
+  IFCA's Algorithm 1 and its code do, instead of the k-means initialisation (no centre file is
+  then needed). IFCA's random restarts (re-drawing until every model wins enough clients) are not
+  modelled.
+* ``averaging: gradient``: IFCA's gradient averaging (Algorithm 1, option I): each sampled client
+  sends the full-batch gradient of its training loss at its chosen model, and
+  theta_j <- theta_j - (lr / m) sum_{i chose j} grad F_i(theta_j), m the number of sampled clients
+  (one step per round; the run's ``lr``). ``averaging: model`` (the default) is option II, the
+  local SGD and model averaging above.
+
+With K = 1 and model averaging IFCA is FedAvg; with gradient averaging, one full-batch step on the
+mean gradient (FedSGD's, unweighted).
 """
 
 from __future__ import annotations
@@ -28,6 +44,8 @@ import torch
 from mcfl.aggregate import WeightedSum
 from mcfl.algorithms.base import CentredAlgorithm, CentresState
 from mcfl.engine import Task
+from mcfl.models import init_weights
+from mcfl.streams import MODEL, derive_seed
 
 
 @dataclass
@@ -35,6 +53,14 @@ class Params:
     K: int = 3
     weighted: bool = True
     restarts: int = 20
+    init_models: str = "kmeans"      # kmeans | independent (IFCA's random initialisation)
+    averaging: str = "model"         # model | gradient (IFCA's option I)
+
+    def __post_init__(self):
+        if self.init_models not in ("kmeans", "independent"):
+            raise ValueError(f"init_models must be 'kmeans' or 'independent', got {self.init_models!r}")
+        if self.averaging not in ("model", "gradient"):
+            raise ValueError(f"averaging must be 'model' or 'gradient', got {self.averaging!r}")
 
 
 State = CentresState   # centres: the K hypotheses; assign: the one each client last picked
@@ -43,6 +69,15 @@ State = CentresState   # centres: the K hypotheses; assign: the one each client 
 class HypoCluster(CentredAlgorithm):
     name = "HypoCluster"
     Params = Params
+
+    @classmethod
+    def uses_centres(cls, params: dict) -> bool:
+        return params.get("init_models", "kmeans") == "kmeans"
+
+    def init(self) -> State:
+        if self.p.init_models == "kmeans":
+            return super().init()
+        return State(independent_models(self.fed, self.p.K), torch.zeros(self.fed.n_clients, dtype=torch.long))
 
     def choose(self, models: torch.Tensor, clients) -> torch.Tensor:
         """Step 1 for each of ``clients``: the hypothesis with the lowest mean loss on the client's
@@ -62,6 +97,8 @@ class HypoCluster(CentredAlgorithm):
         fed, K = self.fed, self.p.K
         assign = state.assign.clone()
         assign[torch.as_tensor(clients, dtype=torch.long)] = self.choose(state.centres, clients).to(assign)
+        if self.p.averaging == "gradient":
+            return self._gradient_step(state, assign, clients)
         tasks = (Task(int(c), state.centres[int(assign[c])]) for c in clients)
         acc = WeightedSum(K, fed.model.size, fed.device)
         losses = []
@@ -71,3 +108,29 @@ class HypoCluster(CentredAlgorithm):
         models = torch.stack([acc.mean(k) if acc.has(k) else state.centres[k] for k in range(K)])
         return State(models, assign), {"train_loss": float(np.mean(losses)),
                                        "moved": int((assign != state.assign).sum())}
+
+    def _gradient_step(self, state: State, assign: torch.Tensor, clients: np.ndarray):
+        """IFCA option I: theta_j <- theta_j - (lr/m) sum_{i chose j} grad F_i(theta_j)."""
+        fed, lr = self.fed, float(self.fed.trainer.spec.lr)
+        P = fed.model.n_params
+        models, losses = state.centres.clone(), []
+        grads = torch.zeros(self.p.K, P, device=fed.device)
+        for c in clients:
+            k = int(assign[c])
+            g, loss = fed.trainer.gradient(state.centres[k], int(c))
+            grads[k] += g
+            losses.append(loss)
+        models[:, :P] -= (lr / max(len(clients), 1)) * grads
+        return State(models, assign), {"train_loss": float(np.mean(losses)),
+                                       "moved": int((assign != state.assign).sum())}
+
+
+def independent_models(fed, K: int) -> torch.Tensor:
+    """K models initialised independently: model k by the model's initialisers seeded from
+    (seed, MODEL, k), model 0 the run's initial weights ``fed.w0``."""
+    out = [fed.w0.clone()]
+    for k in range(1, K):            # re-initialised in place in the flat vector (every task loads its start)
+        init_weights(fed.model.module, derive_seed(fed.seed, MODEL, k))
+        out.append(fed.model.get())
+    fed.model.load(fed.w0)
+    return torch.stack(out)
