@@ -21,7 +21,7 @@ def base():
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda c: c["methods"].append({"method": "FedMagic"}), r"methods\[\d+\]\.method: 'FedMagic' is not one of"),
+    (lambda c: c["methods"].append({"method": "FedMagic"}), r"methods\[\d+\]\.method: unknown method 'FedMagic'; did you mean FedAvg"),
     (lambda c: c["methods"][2].update(K=[0, 2]), r"methods\[2\]\.K"),
     (lambda c: c["methods"][2].update(K=101), r"methods\[2\]\.K: K=101 is larger than the number of clients"),
     (lambda c: c["datasets"]["digits"]["train"].update(lr=-0.1), r"datasets\.digits\.train\.lr: -0\.1"),

@@ -274,6 +274,18 @@ def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else int(round(seconds * 1000))
 
 
+def method_origin(method: str) -> str:
+    """Where a run's method comes from (``mcfl.algorithms.origin``: built-in, its ``module:Class``,
+    or its entry point with the distribution's name and version), for the run's ``method_origin``
+    tag; a method that no longer resolves is recorded as such."""
+    from mcfl import algorithms
+
+    try:
+        return algorithms.origin(method)
+    except algorithms.MethodError as e:
+        return f"unresolved: {e}"[:500]
+
+
 class MLflowTracker(Tracker):
     """One MLflow run per training run; per-round metrics buffered and sent with ``log_batch``.
 
@@ -322,7 +334,8 @@ class MLflowTracker(Tracker):
         tags = {"dataset": run["dataset"], "method": run["method"], "label": run["label"],
                 "seed": str(run["seed"]), "K": str(run["params"].get("K", "")),
                 "git_sha": identity["git"], "data_hash": identity["data_hash"],
-                "run_hash": identity["run_hash"], "mlflow.runName": name, **(tags or {})}
+                "run_hash": identity["run_hash"], "mlflow.runName": name,
+                "method_origin": method_origin(run["method"]), **(tags or {})}
         tags.update({k: str(identity[k]) for k in ("threads", "torch", "cpu") if k in identity})
         if os.environ.get(SWEEP_ENV):
             tags["sweep"] = os.environ[SWEEP_ENV]

@@ -56,13 +56,26 @@ def _cmd_check_config(a) -> int:
 
 
 def _cmd_methods(a) -> int:
+    """Built-in methods, their aliases and the methods installed packages register, each with its
+    hyperparameters and where it comes from."""
     from mcfl import algorithms
 
-    for name, cls in sorted(algorithms.ALGORITHMS.items()):
+    def show(name: str, cls, where: str) -> None:
         fields = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params))
         doc = _first_sentence(_plain((inspect.getdoc(inspect.getmodule(cls)) or "").split("\n\n")[0]))
-        text = textwrap.fill(doc, 100, initial_indent=" " * 13, subsequent_indent=" " * 13)
+        text = textwrap.fill(f"[{where}] {doc}", 100, initial_indent=" " * 13, subsequent_indent=" " * 13)
         print(f"{name:<12} {fields or '(no hyperparameters)'}\n{text}")
+
+    for name, cls in sorted(algorithms.ALGORITHMS.items()):
+        aliases = [a for a, target in algorithms.ALIASES.items() if target == name]
+        show(name, cls, "built-in" + (f"; also named {', '.join(aliases)} (the same runs)" if aliases else ""))
+    for alias, target in sorted(algorithms.ALIASES.items()):
+        print(f"{alias:<12} alias of {target} (the same runs)")
+    for name, where in algorithms.plugins().items():
+        if isinstance(where, algorithms.MethodError):
+            print(f"{name:<12} unusable: {where}")
+        else:
+            show(name, algorithms.get(name), where)
     return 0
 
 

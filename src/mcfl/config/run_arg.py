@@ -50,9 +50,10 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool | tuple[str, ...]
         if keys is RUN_KEYS and "rounds" not in run["train"]:
             raise ConfigError("train.rounds: missing")
         if keys is RUN_KEYS and run["params"].get("K") != "auto":
-            if run["method"] not in algorithms.ALGORITHMS:
-                raise ConfigError(f"method: unknown method {run['method']!r}; known: "
-                                  f"{', '.join(sorted(algorithms.ALGORITHMS))}")
+            try:
+                algorithms.get(run["method"])
+            except algorithms.MethodError as e:
+                raise ConfigError(f"method: {e}") from None
             entry = {"method": run["method"], **{k: v for k, v in run["params"].items() if k != "K"}}
             method_params(entry, "params", run["params"].get("K"))
     except ConfigError as e:

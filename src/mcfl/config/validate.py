@@ -60,13 +60,12 @@ def _check_numbers(node: Any, parts: list) -> None:
 
 
 def _schema() -> dict:
-    from mcfl import algorithms, models
+    from mcfl import models
     from mcfl.data import SOURCES
 
     from mcfl.trainspec import read_schema
 
     schema = read_schema()
-    schema["$defs"]["method"]["properties"]["method"]["enum"] = sorted(algorithms.ALGORITHMS)
     schema["$defs"]["method"]["properties"]["model"]["properties"]["name"]["enum"] = sorted(models.MODELS)
     ds = schema["properties"]["datasets"]["additionalProperties"]["properties"]
     ds["prepare"]["properties"]["source"]["enum"] = sorted(SOURCES)
@@ -168,21 +167,25 @@ def method_params(entry: dict, where: str, K: int | None = None):
     """Build the algorithm's Params from a method entry (type- and value-checked)."""
     from mcfl import algorithms
 
-    cls = algorithms.get(entry["method"])
+    try:
+        cls = algorithms.get(entry["method"])
+        name = algorithms.plain_name(entry["method"])
+    except algorithms.MethodError as e:
+        raise ConfigError(f"{where}.method: {e}") from None
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
     kw = {k: v for k, v in entry.items()
           if k not in ("method", "name", "label", "train", "model", "K", "select_k", "datasets", "seeds")}
     if K == "auto":                     # chosen later by the select_k rule (mcfl.cluster.select_k)
         if not hasattr(cls.Params(), "K"):
-            raise ConfigError(f"{where}.K: {cls.name} does not take K, so K cannot be 'auto'")
+            raise ConfigError(f"{where}.K: {name} does not take K, so K cannot be 'auto'")
     elif K is not None:
         if not cls.clustered:
-            raise ConfigError(f"{where}.K: {cls.name} does not take K (it is not a clustered method)")
+            raise ConfigError(f"{where}.K: {name} does not take K (it is not a clustered method)")
         kw["K"] = K
     hints = _hints(cls.Params)
     for key, value in kw.items():
         if key not in fields:
-            raise ConfigError(f"{where}.{key}: unknown parameter of {cls.name}; allowed: "
+            raise ConfigError(f"{where}.{key}: unknown parameter of {name}; allowed: "
                               f"{', '.join(fields) or '(none)'}")
         hint = hints.get(key, Any)
         _check_value(f"{where}.{key}", value, hint)
@@ -366,7 +369,7 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
             Ks = entry.get("K")
             for K in (Ks if isinstance(Ks, list) else [Ks]):
                 params = dataclasses.asdict(method_params(entry, f"methods[{i}]", K))
-                base = entry.get("name", cls.name)
+                base = entry.get("name", algorithms.plain_name(entry["method"]))
                 if K == "auto":
                     params["K"] = "auto"
                 k = params.get("K") if cls.clustered else None
@@ -379,7 +382,7 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                     raise ConfigError(f"methods[{i}].warmup: {params['warmup']} warm-up rounds leave none "
                                       f"of {dname}'s {train['rounds']} rounds to the K clusters; use fewer")
                 for seed in entry.get("seeds", cfg["seeds"]):
-                    runs.append({"dataset": dname, "method": cls.name, "label": label,
+                    runs.append({"dataset": dname, "method": algorithms.canonical(entry["method"]), "label": label,
                                  "run_id": run_id, "seed": int(seed), "params": params,
                                  "model": dict(entry.get("model", ds["model"])), "train": train,
                                  "data": dict(ds["prepare"]), "experiment": cfg["experiment"],
