@@ -38,6 +38,7 @@ import torch
 
 from mcfl.aggregate import WeightedSum
 from mcfl.algorithms.base import CentredAlgorithm
+from mcfl.cluster.init import initial_centres
 from mcfl.engine import Task
 
 
@@ -95,7 +96,7 @@ class FedSoft(CentredAlgorithm):
     State = State
 
     def init(self) -> State:
-        c = super().init()
+        c = initial_centres(self.fed, self.p)
         m, size = self.fed.n_clients, self.fed.model.size
         u = torch.nn.functional.one_hot(c.assign, self.p.K).double().clamp_min(self.p.sigma)
         kept = m if self.p.start == "local" else 0

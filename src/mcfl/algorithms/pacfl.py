@@ -9,11 +9,13 @@ One shot, before training (``init``):
    class as the columns of a d x n_c matrix, takes a truncated SVD and keeps the top ``p`` left
    singular vectors (fewer if n_c < p); their concatenation U_k (d x p·#classes) is all it sends.
    (Scaling the pixels does not change the singular vectors.)
-2. The server's proximity matrix A (m x m, zero diagonal): ``proximity: principal`` (the paper) is
-   the smallest principal angle between the two subspaces, A_ij = arccos(sigma_max(U_i^T U_j)) in
-   degrees, which does not depend on the singular vectors' arbitrary signs; ``proximity:
-   entrywise`` is the authors' code, min over the entries of arccos(clip(U_i^T U_j, -1, 1)), the
-   angle between the closest pair of basis vectors (sign-dependent).
+2. The server's proximity matrix A (m x m, zero diagonal), in degrees: ``proximity: entrywise``
+   (the default: the authors' code) is min over the entries of arccos(clip(U_i^T U_j, -1, 1)), the
+   angle between the closest pair of the two clients' basis vectors (it depends on the singular
+   vectors' arbitrary signs, as in that code); ``proximity: principal`` is the smallest principal
+   angle between the two spans, arccos(sigma_max(Q_i^T Q_j)) with Q an orthonormal basis of U's
+   columns (sign-free; the textbook angle between subspaces, but with many classes the spans fill
+   much of pixel space and the angle goes to 0, as on 8 x 8 digits).
 3. Hierarchical clustering of A (SciPy's ``linkage`` on the condensed matrix, cut with
    ``fcluster(criterion="distance")``): the closest pair of clusters is merged while its distance is
    at most ``beta`` degrees, so the number of clusters emerges. ``linkage``: ``average`` is the
@@ -45,7 +47,7 @@ class Params:
     p: int = 5                       # left singular vectors kept per class
     beta: float = 3.5                # merge while the linkage distance is <= beta (degrees)
     linkage: str = "average"         # average (WPGMA, the authors') | complete | single
-    proximity: str = "principal"     # principal (the paper) | entrywise (the authors' code)
+    proximity: str = "entrywise"     # entrywise (the authors' code) | principal
 
     def __post_init__(self):
         if self.p < 1:
@@ -75,8 +77,10 @@ def client_subspace(x: torch.Tensor, y: torch.Tensor, p: int) -> torch.Tensor:
     return torch.cat(parts, 1) if parts else torch.zeros(x.shape[1], 0, dtype=torch.float64)
 
 
-def proximity_matrix(subspaces: list[torch.Tensor], how: str = "principal") -> np.ndarray:
+def proximity_matrix(subspaces: list[torch.Tensor], how: str = "entrywise") -> np.ndarray:
     """Step 2: A_ij in degrees between every pair of clients' subspaces (symmetric, zero diagonal)."""
+    if how == "principal":
+        subspaces = [torch.linalg.qr(u).Q for u in subspaces]
     m = len(subspaces)
     a = np.zeros((m, m))
     for i in range(m):
