@@ -172,6 +172,11 @@ def method_params(entry: dict, where: str, K: int | None = None):
         name = algorithms.plain_name(entry["method"])
     except algorithms.MethodError as e:
         raise ConfigError(f"{where}.method: {e}") from None
+    return params_of(cls, name, entry, where, K)
+
+
+def params_of(cls, name: str, entry: dict, where: str, K: int | None = None):
+    """The Params of algorithm class ``cls`` (called ``name`` in errors) from a method entry."""
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
     kw = {k: v for k, v in entry.items()
           if k not in ("method", "name", "label", "train", "model", "K", "select_k", "datasets", "seeds")}
