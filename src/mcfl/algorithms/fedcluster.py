@@ -25,6 +25,13 @@ round; with client sampling, members of a splitting cluster that were not sample
 whose model has the lower loss on their training data (our addition). The FeSEM authors' own
 FedCluster split on the last layer only with another stopping rule and crashed when it recursed
 (docs/methods/original-code.md).
+
+CFL as in its paper (Sattler et al.; under the name ``CFL``): the defaults already take the
+paper's optimal bipartition (``linkage: single``) and sample-weighted mean update (``weighted:
+true``); ``start_round: 1, min_split_size: 2`` drop the two conditions that come from the authors'
+code and FL-bench, so a cluster splits exactly when ||dtheta_c|| < eps1 and max_i ||dtheta_i|| >
+eps2. Sattler et al.'s further check of the split's quality (the largest cross-cluster similarity
+against the gradient-norm ratio) is not modelled.
 """
 
 from __future__ import annotations
