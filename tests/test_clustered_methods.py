@@ -191,3 +191,31 @@ def test_cfl_with_the_papers_rule_splits_exactly_when_eps1_and_eps2_say_so(swapp
             assert bool(d["splits"]) == (d["mean_update_norm"] < eps1 and d["max_update_norm"] > eps2)
         splits += d["splits"]
     assert splits >= 1 and ari(algo, state, fed) == 1.0
+
+
+# ------------------------------------------------------------------------------------ the whole DAG
+@pytest.mark.slow
+def test_the_new_methods_and_the_aliases_run_through_snakemake(tmp_path, cli_env):
+    """A tiny digits config with FL+HC (clustering in round 2), PACFL, FedSoft and CFL/IFCA with
+    their original-paper switches: the DAG trains them and tabulates one row each, with clusters."""
+    import pandas as pd
+
+    from test_workflow import snakemake, write_config
+
+    cfg = {"experiment": "clustered-test", "seeds": [0],
+           "datasets": {"digits": {
+               "prepare": {"source": "digits", "clients": 12, "clusters": 2, "seed": 0},
+               "model": {"name": "digits_cnn"},
+               "train": {"rounds": 3, "lr": 0.1, "eval_every": 3, "clients_per_round": 6}}},
+           "methods": [{"method": "FedAvg"}, {"method": "FL+HC", "K": 2, "rounds_before": 1},
+                       {"method": "PACFL", "beta": 16.0}, {"method": "FedSoft", "K": 2, "restarts": 2},
+                       {"method": "IFCA", "K": 2, "init_models": "independent", "averaging": "gradient"},
+                       {"method": "CFL", "start_round": 1, "min_split_size": 2}]}
+    write_config(tmp_path, cfg)
+    r = snakemake(tmp_path, cli_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = pd.read_csv(tmp_path / "results" / "table.csv")
+    assert table["method"].tolist()[:4] == ["FedAvg", "FL+HC(2)", "PACFL", "FedSoft(2)"]
+    assert len(table) == 6
+    rows = table.set_index("method")
+    assert rows.loc[["FL+HC(2)", "PACFL", "FedSoft(2)"], "ari_mean"].notna().all()
