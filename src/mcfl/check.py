@@ -144,13 +144,18 @@ def check_state(cls) -> str:
     unchanged (fields of tensors, ints, floats and bools only)."""
     algo, _, state = _one_round(cls)
     saved = algo.state_dict(state)
+    foreign = [f"{k} ({type(v).__name__})" for k, v in saved.items()
+               if not isinstance(v, (torch.Tensor, int, float, bool))]
+    if foreign:
+        raise CheckFailed(f"torch.load(weights_only=True) refuses state fields that are not tensors, "
+                          f"ints, floats or bools: {', '.join(foreign)}")
     buf = io.BytesIO()
     torch.save(saved, buf)
     buf.seek(0)
     try:
         loaded = torch.load(buf, weights_only=True)
     except Exception as e:  # noqa: BLE001 - any refusal is the failure this check reports
-        raise CheckFailed(f"torch.load(weights_only=True) refuses the state: {str(e).splitlines()[0]}") from None
+        raise CheckFailed(f"torch.load(weights_only=True) refuses the state ({type(e).__name__})") from None
     diff = _differences(saved, algo.state_dict(algo.load_state(loaded)), None)
     if diff:
         raise CheckFailed(f"the reloaded state differs in {', '.join(diff)}")
@@ -242,8 +247,9 @@ def check_eval_models(cls) -> str:
             np.add.at(counts, np.asarray(clients, dtype=int), 1)
         if not (counts == 1).all():
             missing, twice = np.flatnonzero(counts == 0), np.flatnonzero(counts > 1)
-            raise CheckFailed(f"{when}: eval_models leaves out clients {missing.tolist()[:5]} and "
-                              f"gives several models to clients {twice.tolist()[:5]}")
+            what = ([f"leaves out clients {missing.tolist()[:5]}"] if len(missing) else []) + (
+                [f"gives several models to clients {twice.tolist()[:5]}"] if len(twice) else [])
+            raise CheckFailed(f"{when}: eval_models {' and '.join(what)}")
     return f"every one of {algo.fed.n_clients} clients gets exactly one model"
 
 
