@@ -45,6 +45,15 @@ class NumpyInState(FedAvg):
         return NumpyState(s.w, seen), diag
 
 
+class RoundOnSelf(FedAvg):
+    """Remembers the last round on the instance."""
+    name = "RoundOnSelf"
+
+    def round(self, state, clients, rnd):
+        self.last_round = rnd
+        return super().round(state, clients, rnd)
+
+
 class CountsOnSelf(FedAvg):
     """Counts its rounds in a list made in ``__init__`` (outside the state): a resumed run starts
     counting again."""
@@ -109,6 +118,6 @@ class ShortAssignments(FedAvg):
 
 
 #: broken method -> the one check that must fail on it
-BROKEN = {Untyped: "params", NumpyInState: "state", CountsOnSelf: "resume", FirstClientWins: "order",
+BROKEN = {Untyped: "params", NumpyInState: "state", RoundOnSelf: "state", CountsOnSelf: "resume", FirstClientWins: "order",
           GlobalDraw: "global-rng", ExecutorDependent: "executors", LeavesOneOut: "eval-models",
           ShortAssignments: "assignments"}

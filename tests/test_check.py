@@ -15,7 +15,7 @@ CHEAP = ("params", "state", "eval-models", "assignments")
 
 
 def test_every_broken_method_names_a_check():
-    assert sorted(BROKEN.values()) == sorted(CHECKS)
+    assert set(BROKEN.values()) == set(CHECKS)
 
 
 @pytest.mark.parametrize("method", sorted(ALGORITHMS))
