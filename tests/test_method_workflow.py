@@ -112,3 +112,20 @@ def test_a_module_class_method_runs_through_the_dag(tmp_path, cli_env):
     runs = mlflow.search_runs(experiment_names=["plugin-test"])
     assert dict(zip(runs["tags.label"], runs["tags.method_origin"]))["FedAvgM"] == "fedavgm:FedAvgM"
     assert set(runs["params.params.beta"].dropna()) == {"0.5"}
+
+
+def test_the_api_page_lists_every_registered_methods_module():
+    """Adding a method to the registry adds its module to the API reference."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from mcfl.algorithms import REGISTRY
+
+    spec = importlib.util.spec_from_file_location("hooks", ROOT / "docs" / "tools" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    page = SimpleNamespace(file=SimpleNamespace(src_uri="api/algorithms.md"))
+    md = hooks.on_page_markdown("# A\n\n<!-- registry-modules -->\n", page, {"docs_dir": str(ROOT / "docs")}, None)
+    listed = [line.removeprefix("::: ") for line in md.splitlines() if line.startswith(":::")]
+    assert listed == list(dict.fromkeys(f"mcfl.algorithms.{v.split(':')[0]}" for v in REGISTRY.values()))
+    assert "<!-- registry-modules -->" in (ROOT / "docs" / "api" / "algorithms.md").read_text()
