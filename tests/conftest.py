@@ -71,20 +71,13 @@ def make_run(dataset="digits", method="FedAvg", params=None, seed=0, model=None,
             "train": t, "data": {}, "experiment": "test", "needs_centres": False}
 
 
-#: settings that make a method cheap without changing what the tests check: K=2, few k-means
-#: restarts; FedCG's GCN projection through a bottleneck (two d x d/64 matrices instead of one d x d:
-#: 15x less time a round on the digits CNN) and a narrow domain classifier
-SMALL = (("K", 2), ("restarts", 2), ("bottleneck", 64), ("dc_width", 4), ("dc_kernel", 3))
-
-
 def small_params(method: str) -> dict:
-    """Default hyperparameters, with the cheap settings of ``SMALL`` where a method has them."""
-    import dataclasses
+    """Default hyperparameters, with the conformance kit's cheap settings (``mcfl.check.SMALL``:
+    K=2, few k-means restarts, FedCG's GCN bottleneck (15x less time a round on the digits CNN)
+    and narrow domain classifier) where a method has them."""
+    from mcfl import algorithms, check
 
-    from mcfl import algorithms
-
-    fields = {f.name for f in dataclasses.fields(algorithms.get(method).Params)}
-    return {k: v for k, v in SMALL if k in fields}
+    return check.small_params(algorithms.get(method))
 
 
 def interrupt_round(monkeypatch, method: str, rnd: int):

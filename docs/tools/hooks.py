@@ -6,6 +6,12 @@ A page includes a file of ``docs/`` (a table the DAG wrote into ``docs/results/`
     <!-- include?: results/femnist-sample.md -->    optional: a note stands in until it exists
 
 (each alone on its line, outside code blocks).
+
+A page lists the modules of the built-in methods, in the registry's order, with one line:
+
+    <!-- registry-modules -->        one ``::: mcfl.algorithms.<module>`` (mkdocstrings) per module
+
+so that adding a method to ``mcfl.algorithms.REGISTRY`` adds it to the API reference.
 The file's headings are demoted by one level (``shift=N`` after the path changes that), and its
 relative links and images are rewritten relative to the including page, so a results file written
 for ``docs/results/`` (linking ``femnist-sample.png`` beside it) renders correctly anywhere. The
@@ -24,6 +30,14 @@ INCLUDE = re.compile(r"^<!--\s*include(?P<opt>\?)?:\s*(?P<path>\S+)(?:\s+shift=(
 LINK = re.compile(r"(?P<pre>!?\[[^\]]*\]\()(?P<url>[^)\s]+)(?P<post>[^)]*\))")
 HEADING = re.compile(r"^(#{1,6})(\s)")
 FENCE = re.compile(r"^\s*(```|~~~)")
+REGISTRY_MODULES = re.compile(r"^<!--\s*registry-modules\s*-->\s*$")
+
+
+def registry_modules() -> list[str]:
+    """The modules of the built-in methods (``mcfl.algorithms.REGISTRY``), each once, in its order."""
+    from mcfl.algorithms import REGISTRY
+
+    return list(dict.fromkeys(f"mcfl.algorithms.{spec.split(':')[0]}" for spec in REGISTRY.values()))
 
 
 def _rebase(url: str, src_dir: str, page_dir: str) -> str:
@@ -56,6 +70,9 @@ def on_page_markdown(markdown, page, config, files, **kwargs):
     for line in markdown.splitlines():
         if FENCE.match(line):
             fenced = not fenced
+        if not fenced and REGISTRY_MODULES.match(line):
+            lines += [f"::: {module}\n" for module in registry_modules()]
+            continue
         m = None if fenced else INCLUDE.match(line)
         if not m:
             lines.append(line)

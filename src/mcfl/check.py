@@ -109,11 +109,15 @@ def _run(cls, order: int = 1, executor: str = "sequential") -> tuple[dict, list[
 
 @functools.lru_cache(maxsize=32)
 def _one_round(cls):
-    """An algorithm and its state after ``init`` and after round 1 (computed once per class)."""
+    """An algorithm, its state after ``init`` and after round 1, and the attributes ``init`` and
+    ``round`` assigned on the instance (computed once per class)."""
     algo = _algorithm(cls)
+    before = dict(vars(algo))
     first = algo.init()
     start = copy.deepcopy(first)
-    return algo, start, _rounds(algo, first, [1])
+    after = _rounds(algo, first, [1])
+    assigned = sorted(k for k in vars(algo) if k not in before or vars(algo)[k] is not before[k])
+    return algo, start, after, assigned
 
 
 def _same_np_state(a, b) -> bool:
@@ -140,17 +144,25 @@ def _differences(a: dict, b: dict, atol: float | None) -> list[str]:
 
 # -- the checks ------------------------------------------------------------------------------------
 def check_state(cls) -> str:
-    """Its state after a round survives ``torch.save`` and ``torch.load(weights_only=True)``
-    unchanged (fields of tensors, ints, floats and bools only)."""
-    algo, _, state = _one_round(cls)
+    """Everything kept between rounds is in the state (``init`` and ``round`` assign no attribute
+    on the instance), and the state after a round survives ``torch.save`` and
+    ``torch.load(weights_only=True)`` unchanged (fields of tensors, ints, floats and bools only)."""
+    algo, _, state, assigned = _one_round(cls)
+    if assigned:
+        raise CheckFailed(f"init/round assign attributes outside the state: {', '.join(assigned)}")
     saved = algo.state_dict(state)
+    foreign = [f"{k} ({type(v).__name__})" for k, v in saved.items()
+               if not isinstance(v, (torch.Tensor, int, float, bool))]
+    if foreign:
+        raise CheckFailed(f"torch.load(weights_only=True) refuses state fields that are not tensors, "
+                          f"ints, floats or bools: {', '.join(foreign)}")
     buf = io.BytesIO()
     torch.save(saved, buf)
     buf.seek(0)
     try:
         loaded = torch.load(buf, weights_only=True)
     except Exception as e:  # noqa: BLE001 - any refusal is the failure this check reports
-        raise CheckFailed(f"torch.load(weights_only=True) refuses the state: {str(e).splitlines()[0]}") from None
+        raise CheckFailed(f"torch.load(weights_only=True) refuses the state ({type(e).__name__})") from None
     diff = _differences(saved, algo.state_dict(algo.load_state(loaded)), None)
     if diff:
         raise CheckFailed(f"the reloaded state differs in {', '.join(diff)}")
@@ -159,14 +171,9 @@ def check_state(cls) -> str:
 
 def check_resume(cls) -> str:
     """A run killed after round ``KILL_AFTER`` and resumed by a fresh instance (``load_state`` of the
-    saved state, no ``init``) ends bit for bit where the uninterrupted run ends; ``init`` and
-    ``round`` assign no attribute on the instance."""
+    saved state, no ``init``) ends bit for bit where the uninterrupted run ends."""
     algo = _algorithm(cls)
-    before = dict(vars(algo))
     state = _rounds(algo, algo.init(), range(1, KILL_AFTER + 1))
-    if vars(algo).keys() != before.keys() or any(vars(algo)[k] is not v for k, v in before.items()):
-        changed = sorted(k for k in vars(algo) if k not in before or vars(algo)[k] is not before[k])
-        raise CheckFailed(f"init/round assign attributes outside the state: {', '.join(changed)}")
     saved = copy.deepcopy(algo.state_dict(state))
     fresh = _algorithm(cls)
     resumed = _rounds(fresh, fresh.load_state(saved), range(KILL_AFTER + 1, TRAIN["rounds"] + 1))
@@ -235,22 +242,23 @@ def check_params(cls) -> str:
 
 def check_eval_models(cls) -> str:
     """``eval_models`` gives every client exactly one model, after ``init`` and after a round."""
-    algo, first, after = _one_round(cls)
+    algo, first, after, _ = _one_round(cls)
     for when, state in (("after init", first), ("after round 1", after)):
         counts = np.zeros(algo.fed.n_clients, dtype=int)
         for _, clients in algo.eval_models(state):
             np.add.at(counts, np.asarray(clients, dtype=int), 1)
         if not (counts == 1).all():
             missing, twice = np.flatnonzero(counts == 0), np.flatnonzero(counts > 1)
-            raise CheckFailed(f"{when}: eval_models leaves out clients {missing.tolist()[:5]} and "
-                              f"gives several models to clients {twice.tolist()[:5]}")
+            what = ([f"leaves out clients {missing.tolist()[:5]}"] if len(missing) else []) + (
+                [f"gives several models to clients {twice.tolist()[:5]}"] if len(twice) else [])
+            raise CheckFailed(f"{when}: eval_models {' and '.join(what)}")
     return f"every one of {algo.fed.n_clients} clients gets exactly one model"
 
 
 def check_assignments(cls) -> str:
     """A clustered method's ``assignments`` gives one cluster id (an integer >= 0, below K where the
     method takes K) per client; a method that does not cluster gives None."""
-    algo, _, state = _one_round(cls)
+    algo, _, state, _ = _one_round(cls)
     a = algo.assignments(state)
     if not cls.clustered:
         if a is not None:

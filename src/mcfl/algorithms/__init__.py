@@ -126,7 +126,7 @@ def _checked(cls, spec: str, plain: str) -> type[Algorithm]:
     if plain in _builtin_names():
         raise MethodError(f"{spec}: its name {plain!r} is the name of a built-in method; name it "
                           f"otherwise (the class's `name`)")
-    if not PLAIN.match(plain):
+    if not isinstance(plain, str) or not PLAIN.match(plain):
         raise MethodError(f"{spec}: its name {plain!r} is not a plain name (letters, digits, _+.-, "
                           f"starting with a letter); set the class's `name`")
     return cls
@@ -141,6 +141,8 @@ def _own_name(cls) -> str:
 @functools.cache
 def _resolve(name: str) -> tuple[type[Algorithm], str, str, str]:
     """(class, canonical name, plain name, origin) of a config's ``method`` value."""
+    if not isinstance(name, str):
+        raise MethodError(f"{name!r:.40}: a method is named by a string")
     name = ALIASES.get(name, name)
     if name in REGISTRY:
         return ALGORITHMS[name], name, name, "built-in"

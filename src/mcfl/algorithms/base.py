@@ -14,8 +14,8 @@ A subclass declares
   ``torch.load(weights_only=True)``;
 * ``init()``, ``round()``, ``eval_models()`` and, for clustered methods, ``assignments()``.
 
-The state contract (what makes a killed run resume bitwise; tested for every registered algorithm
-in ``tests/test_faults.py``):
+The state contract (what makes a killed run resume bitwise; the conformance kit :mod:`mcfl.check`,
+``mcfl check-method``, checks it for any method, built-in or not):
 
 * Everything an algorithm keeps from one round to the next is in its ``State``: models, cluster
   assignments, server optimiser moments, counters. ``init()`` and ``round()`` assign no attribute

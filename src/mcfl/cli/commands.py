@@ -79,6 +79,28 @@ def _cmd_methods(a) -> int:
     return 0
 
 
+def _cmd_check_method(a) -> int:
+    """The conformance kit (:mod:`mcfl.check`) on one method: a line per check; exit 1 naming the
+    failed checks."""
+    from mcfl import check
+
+    unknown = [c for c in a.checks or () if c not in check.CHECKS]
+    if unknown:
+        raise ValueError(f"--check: unknown check {unknown[0]!r}; known: {', '.join(check.CHECKS)}")
+    cls = check.resolve(a.method)
+    print(f"{a.method}: checking {cls.__module__}.{cls.__qualname__} on a {check.TRAIN['rounds']}-round "
+          f"digits federation", flush=True)
+    failed = []
+    for result in check.check_method(cls, a.checks):
+        print(result.line(), flush=True)
+        failed += [] if result.passed else [result.check]
+    if failed:
+        print(f"{a.method}: failed {len(failed)} check(s): {', '.join(failed)}")
+        return 1
+    print(f"{a.method}: all {len(a.checks or check.CHECKS)} checks passed")
+    return 0
+
+
 def _federation_for(run: dict, store: str, device: str, threads: int, inputs=None):
     from mcfl.data import load
     from mcfl.federation import build_federation, resolve_device
@@ -299,6 +321,7 @@ def _cmd_fedgsp(a) -> int:
 
 
 COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
+            "check-method": _cmd_check_method,
             "first-models": _cmd_first_models, "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
             "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
             "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,

@@ -16,6 +16,7 @@ The subcommands (each has its own --help):
     mcfl partition data/digits --out data/digits-iid --scheme iid   # re-deal a store's samples
     mcfl check-config config/config.yaml          # validate; list the runs and what they cost
     mcfl methods                                  # algorithms and their hyperparameters
+    mcfl check-method mypkg.fedfoo:FedFoo          # does a method keep the algorithm contract?
     mcfl first-models --run JSON --store DIR --out FILE   # shared by several centre files
     mcfl init-centres --run JSON --store DIR --out FILE [--first-models FILE]
     mcfl train --run JSON --store DIR --out DIR [--centres FILE] [--checkpoint FILE] [--k-from FILE]
@@ -193,6 +194,13 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
                    help="time a few local steps of each model here and print what the runs cost "
                         "(a few seconds; default: on)")
     sub.add_parser("methods", help="list algorithms and their hyperparameters")
+    # -- check-method: the conformance kit (mcfl.check) ------------------------------------------
+    p = sub.add_parser("check-method", help="check that a method keeps the algorithm contract "
+                                            "(state, resume, order, random generators, executors, ...)")
+    p.add_argument("method", help="a method as a config names it: a built-in name, module:Class, or "
+                                  "the name an installed package registers (mcfl.methods entry point)")
+    p.add_argument("--check", action="append", dest="checks", metavar="NAME",
+                   help="run only this check (repeatable; default: all of mcfl.check.CHECKS)")
     helps = {"first-models": "every client's first local model, for several centre files to share",
              "init-centres": "initialise cluster centres", "train": "train one run (or several: repeat --run)",
              "select-k": "choose K for a run with K: auto (FeSEM §5.2)"}
