@@ -11,13 +11,15 @@ data", IJCNN 2020, arXiv:2004.11791).
    cut at distance ``threshold`` (the paper's P, so the number of clusters emerges) or, with
    ``threshold: 0``, into ``K`` clusters.
 4. Each cluster's model starts as w plus the sample-weighted mean update of its members sampled in
-   round n + 1 (that round's FedAvg step within the cluster); from round n + 2 on, FedAvg runs independently in each cluster
-   on the sampled members (:func:`fedavg_within_clusters`). The clusters are never revised.
+   round n + 1 (that round's FedAvg step within the cluster); from round n + 2 on, FedAvg runs
+   independently in each cluster on the sampled members (:func:`fedavg_within_clusters`). The
+   clusters are never revised.
 
 Memory: the m updates are clustered on a CountSketch random projection (the one the k-means
 initialisation uses, :mod:`mcfl.cluster.init`) when the exact m x |W| matrix would exceed 256 MiB,
 so squared L2 distances are kept to about sqrt(2/k) relative error; the cluster models are formed
-from the exact updates of the sampled clients (only theirs are kept). Before and during clustering every client is tested with the global model.
+from the exact updates of the sampled clients (only theirs are kept). Until the clustering round
+every client is tested with the global model.
 """
 
 from __future__ import annotations

@@ -77,7 +77,8 @@ class HypoCluster(CentredAlgorithm):
     def init(self) -> State:
         if self.p.init_models == "kmeans":
             return super().init()
-        return State(independent_models(self.fed, self.p.K), torch.zeros(self.fed.n_clients, dtype=torch.long))
+        models = independent_models(self.fed, self.p.K)
+        return State(models, torch.zeros(self.fed.n_clients, dtype=torch.long))
 
     def choose(self, models: torch.Tensor, clients) -> torch.Tensor:
         """Step 1 for each of ``clients``: the hypothesis with the lowest mean loss on the client's
