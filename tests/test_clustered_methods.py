@@ -1,6 +1,8 @@
 """The field's clustered methods (FL+HC, PACFL, FedSoft) and the original-paper switches of CFL
 (FedCluster) and IFCA (HypoCluster), each against a property its paper states."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -72,6 +74,24 @@ def test_flhc_threshold_cut_separates_the_groups(swapped_store):
     algo = FLHC(fed, HCParams(rounds_before=2, threshold=1.0, linkage="average", metric="cosine"))
     state = run_rounds(algo, fed, 3)
     assert len(state.models) == 2 and ari(algo, state, fed) == 1.0
+
+
+@dataclasses.dataclass
+class EarlyHCParams(HCParams):
+    rounds_before: int = 1
+
+
+class EarlyFLHC(FLHC):
+    """FL+HC clustering in round 2, so the conformance kit's 3 rounds cross the clustering round."""
+    Params = EarlyHCParams
+
+
+@pytest.mark.slow
+def test_flhc_keeps_the_contract_across_its_clustering_round():
+    from mcfl.check import check_method
+
+    failed = [r.line() for r in check_method(EarlyFLHC) if not r.passed]
+    assert not failed, failed
 
 
 def test_flhc_refuses_ward_without_euclidean():
