@@ -1,6 +1,5 @@
 """FedSoft: soft clustered federated learning with proximal local updating (Ruan, Joe-Wong,
-"FedSoft: Soft Clustered Federated Learning with Proximal Local Updating", AAAI 2022,
-arXiv:2112.06053).
+"FedSoft: Soft Clustered Federated Learning with Proximal Local Updating", AAAI 2022).
 
 The server keeps K centres c_1..c_K; client k holds importance weights u_k1..u_kK over them (its
 data as a mixture of the K cluster distributions). Each round, for the sampled clients:

@@ -1,6 +1,6 @@
 """FL+HC: federated learning with hierarchical clustering of local updates (Briggs, Fan, Andras,
 "Federated learning with hierarchical clustering of local updates to improve training on non-IID
-data", IJCNN 2020, arXiv:2004.11791).
+data", IJCNN 2020).
 
 1. FedAvg for ``rounds_before`` = n rounds: one global model w.
 2. In round n + 1 every client (sampled or not, so that each has an update to cluster) trains from

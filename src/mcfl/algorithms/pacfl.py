@@ -1,7 +1,6 @@
-"""PACFL: clustering clients once by the principal angles between their data subspaces (Vahidian,
-Morafah, Wang, Kungurtsev, Chen, Shah, Lin, "Efficient Distribution Similarity Identification in
-Clustered Federated Learning via Principal Angles Between Client Data Subspaces", AAAI 2023,
-arXiv:2209.10526).
+"""PACFL: clustering clients once by the principal angles between their data subspaces (Vahidian
+et al., "Efficient Distribution Similarity Identification in Clustered Federated Learning via
+Principal Angles Between Client Data Subspaces", AAAI 2023).
 
 One shot, before training (``init``):
 
