@@ -44,7 +44,7 @@ from mcfl.engine import Task
 @dataclass
 class Params:
     K: int = 2
-    lam: float = 0.1                 # lambda: the paper's value for MNIST / EMNIST letters
+    lam: float = 0.1                 # lambda: the authors' code's value for MNIST / EMNIST letters
     tau: int = 1                     # importance estimated every tau rounds
     sigma: float = 1e-4              # importance of a centre that wins no sample
     start: str = "local"             # local (the paper) | mix
