@@ -19,10 +19,12 @@ settings of :data:`SMALL` where the method has those hyperparameters. Each check
 
 from __future__ import annotations
 
+import atexit
 import copy
 import dataclasses
 import functools
 import io
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,10 +71,12 @@ def small_params(cls) -> dict[str, Any]:
 
 @functools.cache
 def kit_store() -> str:
-    """The kit's federation store, prepared once per process in a temporary folder."""
+    """The kit's federation store, prepared once per process in a temporary folder (removed when
+    the process exits)."""
     from mcfl.data import prepare
 
     folder = tempfile.mkdtemp(prefix="mcfl-check-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return str(prepare("digits", Path(folder) / "digits", clients=8, clusters=2, alpha=0.5, seed=0))
 
 

@@ -198,7 +198,7 @@ def params_of(cls, name: str, entry: dict, where: str, K: int | None = None):
             kw[key] = float(value)
     try:
         return cls.Params(**kw)
-    except (TypeError, ValueError) as e:    # Params' own checks: name the field they are about
+    except (TypeError, ValueError, AssertionError) as e:    # Params' own checks: name the field they are about
         key = next((k for k in fields if str(e).startswith(f"{k} ")), None)
         raise ConfigError(f"{where}.{key}: {e}" if key else f"{where}: {e}") from e
 
