@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -50,9 +51,10 @@ def snakemake(workdir, env, *args):
 def install_example(tmp_path, env) -> dict:
     """``pip install`` the example package into a folder of its own, on PYTHONPATH: its module and
     its entry point, as in mcfl's environment after `pip install -e examples/fedavgm`."""
-    site = tmp_path / "site"
+    site, source = tmp_path / "site", tmp_path / "fedavgm"
+    shutil.copytree(EXAMPLE, source)                  # the build writes beside the sources
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(EXAMPLE)], check=True, env=env, timeout=600,
+                    "--target", str(site), str(source)], check=True, env=env, timeout=600,
                    capture_output=True)
     return {**env, "PYTHONPATH": str(site)}
 

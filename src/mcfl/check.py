@@ -11,7 +11,7 @@ scikit-learn's ``check_estimator`` / ``parametrize_with_checks``)::
     def test_conformance(method, check):
         check(method)
 
-The checks run on a small built-in federation (:func:`kit_store`: 8 writers of the digits data in
+The checks run on a small built-in federation (:func:`kit_store`: 8 clients of the digits data in
 2 rotation groups, the digits CNN, 4 clients a round, 2 local steps, 3 rounds), with the cheap
 settings of :data:`SMALL` where the method has those hyperparameters. Each check raises
 :class:`CheckFailed` with the reason; :func:`check_method` runs them all and collects the results.
