@@ -62,6 +62,15 @@ fesem-digits-variants: setup
 dry-run: setup
 	$(BIN)/snakemake -n --cores $(CORES) --configfile config/config.yaml
 
+# The MLflow UI on the default config's runs (the store `make reproduce` writes), with nothing to
+# activate: `make mlflow`, then open the URL the DAG's last line printed (or http://127.0.0.1:5000).
+# Another store or port: make mlflow MLFLOW_STORE=sqlite:///other.db MLFLOW_PORT=5001
+MLFLOW_STORE ?= sqlite:///mlflow.db
+MLFLOW_PORT  ?= 5000
+.PHONY: mlflow
+mlflow: setup
+	$(BIN)/mlflow ui --backend-store-uri $(MLFLOW_STORE) --port $(MLFLOW_PORT)
+
 report: setup
 	$(BIN)/snakemake --cores 1 --configfile config/config.yaml --report report.html
 

@@ -63,8 +63,16 @@ EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 # The saved view of the runs table that `runs_link` opens (tag `mlflow.sharedViewState.<key>`)
 VIEW_KEY = "mcfl-runs"
 VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
-#: the final metrics the runs table shows, in this order
-METRICS = ("micro_acc", "macro_acc", "micro_f1", "macro_f1", "ari")
+#: the final metrics the runs table shows, in this order: accuracies and F1 in percent, as the
+#: tables give them (:func:`with_percent`), and ARI as the tables give it (a fraction)
+METRICS = ("micro_acc_pct", "macro_acc_pct", "micro_f1_pct", "macro_f1_pct", "ari")
+#: the run's folder (relative to the working directory), tagged on its MLflow run: a rerun's run
+#: supersedes the older runs of the same folder (:func:`supersede_older_runs`)
+RUN_DIR_TAG = "run_dir"
+#: set on a run that a later run of the same folder superseded (then deleted): that run's id
+SUPERSEDED_TAG = "superseded_by"
+#: how many runs MLflow's runs table loads at a time (the rest behind its "Load more")
+UI_PAGE = 100
 #: the run settings it shows (params), then those that differ between the experiment's runs
 PARAMS = ("dataset", "method", "params.K", "seed")
 
@@ -183,15 +191,64 @@ def experiment_id(client, name: str, differing: Iterable[str] | None = None) -> 
 
 def runs_view(differing: Iterable[str] = ()) -> str:
     """The runs table's saved view (MLflow's shared-view state, JSON): columns for :data:`PARAMS`,
-    the params in ``differing`` (flattened run-config keys such as ``train.lr``) and the final
-    :data:`METRICS`, in the order PARAMS, METRICS, the differing settings (what a run is, how it
-    scored, then the rest, so the metrics are on the first screen); rows sorted by
-    run name (method · dataset · seed), every run drawn in the charts."""
+    the params in ``differing`` (flattened run-config keys such as ``train.lr``), the final
+    :data:`METRICS` and MLflow's Duration (the training's time: runs carry its start and end), in
+    the order PARAMS, METRICS, Duration, the differing settings (what a run is, how it scored, then
+    the rest, so the metrics are on the first screen); rows sorted by run name
+    (method · dataset · seed), every run drawn in the charts."""
     params = list(dict.fromkeys([*PARAMS, *sorted(set(differing) - set(PARAMS))]))[:16]
     cols = [*(f"params.`{k}`" for k in params[:len(PARAMS)]), *(f"metrics.`{k}`" for k in METRICS),
             *(f"params.`{k}`" for k in params[len(PARAMS):])]
+    at = len(PARAMS) + len(METRICS)
+    cols = [*cols[:at], DURATION_COLUMN, *cols[at:]]
     return json.dumps({"selectedColumns": cols, "columnOrder": cols, "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
                        "runsHiddenMode": "SHOW_ALL", "lifecycleFilter": "Active"}, separators=(",", ":"))
+
+
+#: MLflow UI's column of a run's end minus its start
+DURATION_COLUMN = "attributes.`Duration`"
+
+
+def with_percent(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` and, for each accuracy or F1 score (a fraction: ``micro_acc``,
+    ``seen/macro_f1``, ...), the same in percent as ``<name>_pct``, rounded to 0.01 (the results
+    tables' unit; MLflow allows no ``%`` in a metric's name)."""
+    out = dict(metrics)
+    for k, v in metrics.items():
+        if k.rsplit("/", 1)[-1].endswith(("_acc", "_f1")) and isinstance(v, (int, float)) and v == v:
+            out[f"{k}_pct"] = round(float(v) * 100, 2)
+    return out
+
+
+def run_dir_key(run_dir: str | Path) -> str:
+    """A run folder as its MLflow tag names it: relative to the working directory (where the DAG
+    and the store live), with ``/``; absolute where it is not under it."""
+    path = Path(os.path.abspath(run_dir))
+    try:
+        return path.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def supersede_older_runs(client, run_id: str, run_dir: str) -> list[str]:
+    """Mark the experiment's other active runs of folder ``run_dir`` (tag :data:`RUN_DIR_TAG`)
+    superseded by ``run_id`` (tag :data:`SUPERSEDED_TAG`) and delete them (MLflow's lifecycle
+    ``deleted``: the runs table's default view hides them; its *Show deleted* filter, or
+    ``mlflow gc``, reaches them), so each run folder has one visible run: its latest. Returns the
+    ids deleted."""
+    run = _retry(client.get_run, run_id)
+    where = "" if "'" in run_dir else f"tags.{RUN_DIR_TAG} = '{run_dir}'"   # matched exactly below
+    older = _retry(client.search_runs, [run.info.experiment_id], filter_string=where, max_results=5000)
+    gone = []
+    for r in older:
+        if r.info.run_id == run_id or r.data.tags.get(RUN_DIR_TAG) != run_dir:
+            continue
+        _retry(client.set_tag, r.info.run_id, SUPERSEDED_TAG, run_id)
+        _retry(client.delete_run, r.info.run_id)
+        gone.append(r.info.run_id)
+    if gone:
+        log.info("MLflow: %s superseded by run %s (%s): deleted", ", ".join(gone), run_id, run_dir)
+    return gone
 
 
 def differing_settings(runs: Iterable[dict]) -> list[str]:
@@ -281,8 +338,10 @@ class MLflowTracker(Tracker):
     (a full disk) stops the tracking with one warning and the training goes on; otherwise the fault is
     a :class:`TrackingError`."""
 
-    def __init__(self, experiment: str, flush_every: int = 200, client=None, defer: bool | None = None):
+    def __init__(self, experiment: str, flush_every: int = 200, client=None, defer: bool | None = None,
+                 run_dir: str | Path | None = None):
         self.experiment, self.flush_every = experiment, flush_every
+        self.run_dir = run_dir_key(run_dir) if run_dir is not None else None
         self.defer = os.environ.get(UNREACHABLE_ENV, "fail") == "defer" if defer is None else defer
         self.client = client or _client()
         self.run_id: str | None = None
@@ -323,6 +382,8 @@ class MLflowTracker(Tracker):
                 "seed": str(run["seed"]), "K": str(run["params"].get("K", "")),
                 "git_sha": identity["git"], "data_hash": identity["data_hash"],
                 "run_hash": identity["run_hash"], "mlflow.runName": name, **(tags or {})}
+        if self.run_dir:
+            tags[RUN_DIR_TAG] = self.run_dir
         tags.update({k: str(identity[k]) for k in ("threads", "torch", "cpu") if k in identity})
         if os.environ.get(SWEEP_ENV):
             tags["sweep"] = os.environ[SWEEP_ENV]
@@ -378,7 +439,7 @@ class MLflowTracker(Tracker):
         if self.failed:
             return
         ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
-        self.buffer += [Metric(k, float(v), ts, step) for k, v in metrics.items()
+        self.buffer += [Metric(k, float(v), ts, step) for k, v in with_percent(metrics).items()
                         if isinstance(v, (int, float)) and step > self.logged.get(k, 0)]
         if len(self.buffer) >= self.flush_every:
             self.flush()
@@ -399,9 +460,11 @@ class MLflowTracker(Tracker):
                 self.flush()
             finally:
                 self._guard(_retry, self.client.set_terminated, self.run_id, status, end_time=end_time)
+        if status == "FINISHED" and self.run_dir and self.run_id and not self.failed:
+            self._guard(supersede_older_runs, self.client, self.run_id, self.run_dir)
 
 
-def make_tracker(enabled: bool, experiment: str) -> Tracker:
+def make_tracker(enabled: bool, experiment: str, run_dir: str | Path | None = None) -> Tracker:
     """The job's tracker. A store that cannot be used (a tracking server that does not answer, a
     garbage or full sqlite file, an unknown URI) fails the job before training with one line naming
     the URI, or, with ``$MCFL_TRACKING_UNREACHABLE=defer``, the job trains untracked (its files are
@@ -410,7 +473,7 @@ def make_tracker(enabled: bool, experiment: str) -> Tracker:
         return Tracker()
     try:
         check_server()
-        tracker = MLflowTracker(experiment)
+        tracker = MLflowTracker(experiment, run_dir=run_dir)
         experiment_id(tracker.client, experiment)        # opens the store: its faults show here
         return tracker
     except ConnectionError as e:                        # TrackingError too
