@@ -124,7 +124,8 @@ def test_the_printed_url_opens_on_the_runs_with_names_settings_and_metrics(recor
 
     tmp, exp, finals = recorded
     hint = ui_hint(exp, f"sqlite:///{tmp / 'mlflow.db'}", cwd=tmp)
-    assert hint.startswith("mlflow ui --backend-store-uri sqlite:///mlflow.db  ->  http://127.0.0.1:5000/")
+    assert hint.startswith(f"{Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri "
+                           "sqlite:///mlflow.db  ->  http://127.0.0.1:5000/")
     path = hint.split("http://127.0.0.1:5000", 1)[1]
     with UI(tmp / "mlflow.db", tmp / "ui.log") as ui:
         t0 = ui.started
