@@ -28,7 +28,8 @@ $(STAMP): pyproject.toml requirements.lock workflow/scripts/install_venv.py
 setup: $(STAMP)
 
 # `dvc repro`: Snakemake on the config params.yaml names (config/config.yaml as shipped), then
-# dvc.lock records the code, config and outputs, so `dvc status` is clean after it (docs/reproducing.md).
+# dvc.lock records the code, config and outputs, so `dvc status dvc.yaml` is clean after it
+# (docs/reproducing.md; the other configs' stages are pipelines/dvc.yaml's).
 # `make dvc-lock` records the code's and config's hashes in dvc.lock without running anything
 # (outputs keep the hashes last recorded): after a code change, before committing.
 # workflow/scripts/reproduce.py runs `make setup`, then `dvc repro`, and writes what each took (and

@@ -134,6 +134,7 @@ def test_table_reports_accuracy_loss_rounds_and_costs(gsp_runs, digits_store, tm
         t_comm((g["trained_groups"] / g["groups"]).to_numpy(), K, 4, CostModel()))
     md = (tmp_path / "table.md").read_text()
     assert "| FedGSP |" in md and "Target accuracy 0%" in md
+    assert "<td>FedGSP</td>" in (tmp_path / "table.html").read_text()   # the same table, for the report
     for f in ("curves.png", "cost.png", "table.csv"):
         assert (tmp_path / f).stat().st_size > 0
     t = write_table([dirs["FedAvg"]], train_settings([runs["FedAvg"]]), digits_store, 1.01, tmp_path)

@@ -2,7 +2,7 @@
 
 Runs ``make setup`` and then ``.venv/bin/dvc repro`` (Snakemake on the config ``params.yaml`` names,
 ``$MCFL_CORES`` cores), passing their output through, and writes ``logs/reproduce.json`` (beside the
-DAG's logs, not among the outputs DVC records, so ``dvc status`` stays clean after it): the
+DAG's logs, not among the outputs DVC records, so ``dvc status dvc.yaml`` stays clean after it): the
 seconds each took, the number of Snakemake jobs that ran, the run folders the DAG holds, the sum of
 the jobs' own times (``<results>/benchmarks/``), the machine and the git revision. ``make
 docs-results`` turns that file into the sentence the README and the quickstart show, so the figures
