@@ -237,6 +237,13 @@ def test_fedgsp_rules_run_in_the_dag(tmp_path, cli_env):
               "heatmap.png", "heatmap.csv", "kappa.png", "kappa.csv"):
         assert (out / f).stat().st_size > 0, f
     assert pd.read_csv(out / "table.csv")["method"].tolist() == ["FedAvg", "FedGSP"]
+    # Snakemake's report shows FedGSP's Table 1 inline (a page, not a CSV download)
+    rep = subprocess.run([*cmd, "--report", str(tmp_path / "report.html")], env=cli_env,
+                         capture_output=True, text=True, timeout=600)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    from test_report_html import tables_shown
+
+    assert tables_shown(tmp_path / "report.html", "FedGSP", "results/fedgsp/a/table.html") == 1
     # the page is written inside the results directory; nothing under the project's docs/
     assert not (tmp_path / "docs").exists()
     page = (tmp_path / "results" / "docs" / "results" / "gsp.md").read_text()

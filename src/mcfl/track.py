@@ -19,7 +19,10 @@ same run id, back to RUNNING, each (metric, round) pair recorded once however of
 killed, FINISHED at the end. A job stopped by SIGTERM or Ctrl-C marks its run KILLED, one that
 fails FAILED; one killed by SIGKILL stays RUNNING until it is resumed, or, killed before its first
 checkpoint, until the run starts again: the new start marks it KILLED and replaces it (one run per
-name), see :meth:`MLflowTracker.start`.
+name), see :meth:`MLflowTracker.start`. A run that finishes supersedes the earlier runs of its run
+folder (tag ``run_dir``; a rerun after a changed or restored parameter): they are tagged
+``superseded_by`` and deleted, so the runs table shows each run folder once
+(:func:`supersede_older_runs`).
 
 Faults of the store itself (a garbage file, a full disk, a path that cannot be opened, a URI MLflow
 does not know) raise :class:`TrackingError`, one line naming the URI and what to do; with

@@ -82,7 +82,7 @@ def markdown_html(text: str, title: str) -> str:
             body.append(f"<p>{html.escape(line)}</p>")
         i += 1
     style = ("body{font-family:sans-serif;font-size:14px} table{border-collapse:collapse} "
-             ".wide{max-width:100%;overflow-x:auto} td{overflow-wrap:anywhere;min-width:3em} "
+             ".wide{max-width:100%;overflow-x:auto} "
              "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right} "
              "th:nth-child(-n+3),td:nth-child(-n+3){text-align:left} th{background:#f3f3f3}")
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
