@@ -236,7 +236,7 @@ def run_dir_key(run_dir: str | Path) -> str:
 def supersede_older_runs(client, run_id: str, run_dir: str) -> list[str]:
     """Mark the experiment's other active runs of folder ``run_dir`` (tag :data:`RUN_DIR_TAG`)
     superseded by ``run_id`` (tag :data:`SUPERSEDED_TAG`) and delete them (MLflow's lifecycle
-    ``deleted``: the runs table's default view hides them; its *Show deleted* filter, or
+    ``deleted``: the runs table's default view hides them; its filter for deleted runs, or
     ``mlflow gc``, reaches them), so each run folder has one visible run: its latest. Returns the
     ids deleted."""
     run = _retry(client.get_run, run_id)
