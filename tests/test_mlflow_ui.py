@@ -170,6 +170,22 @@ def test_ui_hint_names_the_store_and_the_runs_url(tmp_path):
         "  (129 runs: the table loads 100 at a time, the rest behind its Load more)")
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_mlflow_serves_the_default_store_with_the_projects_mlflow():
+    """`make mlflow` needs nothing activated: the project's .venv/bin/mlflow on the default
+    config's store; MLFLOW_STORE and MLFLOW_PORT pick another."""
+    from conftest import ROOT
+
+    def last(*args):
+        out = subprocess.run(["make", "-n", "--no-print-directory", "mlflow", *args], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+        return out.strip().splitlines()[-1]
+
+    assert last() == ".venv/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000"
+    assert last("MLFLOW_STORE=sqlite:///other.db", "MLFLOW_PORT=5001") == (
+        ".venv/bin/mlflow ui --backend-store-uri sqlite:///other.db --port 5001")
+
+
 def test_the_runs_view_shows_settings_that_differ_then_the_final_metrics():
     from mcfl.track import differing_settings, runs_view
 
