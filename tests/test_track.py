@@ -150,7 +150,7 @@ def test_a_rerun_of_a_run_folder_supersedes_its_earlier_runs(mlflow_uri):
     rerun leaves the earlier run visible."""
     from mlflow import MlflowClient
 
-    from mcfl.track import RUN_DIR_TAG, SUPERSEDED_TAG
+    from mcfl.tracked_runs import RUN_DIR_TAG, SUPERSEDED_TAG
 
     client = MlflowClient(mlflow_uri)
     run = make_run(method="FedAvg")
@@ -179,7 +179,7 @@ def test_a_rerun_of_a_run_folder_supersedes_its_earlier_runs(mlflow_uri):
 
 
 def test_percent_companions_and_run_folder_keys(tmp_path, monkeypatch):
-    from mcfl.track import run_dir_key, with_percent
+    from mcfl.tracked_runs import run_dir_key, with_percent
 
     assert with_percent({"micro_acc": 0.123456, "seen/macro_f1": 0.5, "ari": 0.9, "train_loss": 2.0,
                          "macro_acc": float("nan")}) == {

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Iterable
 
 from mcfl.io import OUTPUTS
-from mcfl.track import (UI_PAGE, VIEW_KEY, MLflowTracker, _client, _ms, _retry, check_server, differing_settings,
+from mcfl.track import (VIEW_KEY, MLflowTracker, _client, _ms, _retry, check_server, differing_settings,
                         experiment_id, store_lock, tracking_uri)
+from mcfl.tracked_runs import UI_PAGE
 
 log = logging.getLogger("mcfl")
 

@@ -22,7 +22,7 @@ checkpoint, until the run starts again: the new start marks it KILLED and replac
 name), see :meth:`MLflowTracker.start`. A run that finishes supersedes the earlier runs of its run
 folder (tag ``run_dir``; a rerun after a changed or restored parameter): they are tagged
 ``superseded_by`` and deleted, so the runs table shows each run folder once
-(:func:`supersede_older_runs`).
+(:func:`mcfl.tracked_runs.supersede_older_runs`).
 
 Faults of the store itself (a garbage file, a full disk, a path that cannot be opened, a URI MLflow
 does not know) raise :class:`TrackingError`, one line naming the URI and what to do; with
@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from mcfl.tracked_runs import DURATION_COLUMN, RUN_DIR_TAG, run_dir_key, supersede_older_runs, with_percent
+
 
 
 log = logging.getLogger("mcfl")
@@ -69,13 +71,6 @@ VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
 #: the final metrics the runs table shows, in this order: accuracies and F1 in percent, as the
 #: tables give them (:func:`with_percent`), and ARI as the tables give it (a fraction)
 METRICS = ("micro_acc_pct", "macro_acc_pct", "micro_f1_pct", "macro_f1_pct", "ari")
-#: the run's folder (relative to the working directory), tagged on its MLflow run: a rerun's run
-#: supersedes the older runs of the same folder (:func:`supersede_older_runs`)
-RUN_DIR_TAG = "run_dir"
-#: set on a run that a later run of the same folder superseded (then deleted): that run's id
-SUPERSEDED_TAG = "superseded_by"
-#: how many runs MLflow's runs table loads at a time (the rest behind its "Load more")
-UI_PAGE = 100
 #: the run settings it shows (params), then those that differ between the experiment's runs
 PARAMS = ("dataset", "method", "params.K", "seed")
 
@@ -206,52 +201,6 @@ def runs_view(differing: Iterable[str] = ()) -> str:
     cols = [*cols[:at], DURATION_COLUMN, *cols[at:]]
     return json.dumps({"selectedColumns": cols, "columnOrder": cols, "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
                        "runsHiddenMode": "SHOW_ALL", "lifecycleFilter": "Active"}, separators=(",", ":"))
-
-
-#: MLflow UI's column of a run's end minus its start
-DURATION_COLUMN = "attributes.`Duration`"
-
-
-def with_percent(metrics: dict[str, Any]) -> dict[str, Any]:
-    """``metrics`` and, for each accuracy or F1 score (a fraction: ``micro_acc``,
-    ``seen/macro_f1``, ...), the same in percent as ``<name>_pct``, rounded to 0.01 (the results
-    tables' unit; MLflow allows no ``%`` in a metric's name)."""
-    out = dict(metrics)
-    for k, v in metrics.items():
-        if k.rsplit("/", 1)[-1].endswith(("_acc", "_f1")) and isinstance(v, (int, float)) and v == v:
-            out[f"{k}_pct"] = round(float(v) * 100, 2)
-    return out
-
-
-def run_dir_key(run_dir: str | Path) -> str:
-    """A run folder as its MLflow tag names it: relative to the working directory (where the DAG
-    and the store live), with ``/``; absolute where it is not under it."""
-    path = Path(os.path.abspath(run_dir))
-    try:
-        return path.relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
-
-
-def supersede_older_runs(client, run_id: str, run_dir: str) -> list[str]:
-    """Mark the experiment's other active runs of folder ``run_dir`` (tag :data:`RUN_DIR_TAG`)
-    superseded by ``run_id`` (tag :data:`SUPERSEDED_TAG`) and delete them (MLflow's lifecycle
-    ``deleted``: the runs table's default view hides them; its filter for deleted runs, or
-    ``mlflow gc``, reaches them), so each run folder has one visible run: its latest. Returns the
-    ids deleted."""
-    run = _retry(client.get_run, run_id)
-    where = "" if "'" in run_dir else f"tags.{RUN_DIR_TAG} = '{run_dir}'"   # matched exactly below
-    older = _retry(client.search_runs, [run.info.experiment_id], filter_string=where, max_results=5000)
-    gone = []
-    for r in older:
-        if r.info.run_id == run_id or r.data.tags.get(RUN_DIR_TAG) != run_dir:
-            continue
-        _retry(client.set_tag, r.info.run_id, SUPERSEDED_TAG, run_id)
-        _retry(client.delete_run, r.info.run_id)
-        gone.append(r.info.run_id)
-    if gone:
-        log.info("MLflow: %s superseded by run %s (%s): deleted", ", ".join(gone), run_id, run_dir)
-    return gone
 
 
 def differing_settings(runs: Iterable[dict]) -> list[str]:
@@ -464,7 +413,7 @@ class MLflowTracker(Tracker):
             finally:
                 self._guard(_retry, self.client.set_terminated, self.run_id, status, end_time=end_time)
         if status == "FINISHED" and self.run_dir and self.run_id and not self.failed:
-            self._guard(supersede_older_runs, self.client, self.run_id, self.run_dir)
+            self._guard(supersede_older_runs, self.client, self.run_id, self.run_dir, _retry)
 
 
 def make_tracker(enabled: bool, experiment: str, run_dir: str | Path | None = None) -> Tracker:
