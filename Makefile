@@ -28,7 +28,8 @@ $(STAMP): pyproject.toml requirements.lock workflow/scripts/install_venv.py
 setup: $(STAMP)
 
 # `dvc repro`: Snakemake on the config params.yaml names (config/config.yaml as shipped), then
-# dvc.lock records the code, config and outputs, so `dvc status` is clean after it (docs/reproducing.md).
+# dvc.lock records the code, config and outputs, so `dvc status dvc.yaml` is clean after it
+# (docs/reproducing.md; the other configs' stages are pipelines/dvc.yaml's).
 # `make dvc-lock` records the code's and config's hashes in dvc.lock without running anything
 # (outputs keep the hashes last recorded): after a code change, before committing.
 # workflow/scripts/reproduce.py runs `make setup`, then `dvc repro`, and writes what each took (and
@@ -61,6 +62,15 @@ fesem-digits-variants: setup
 
 dry-run: setup
 	$(BIN)/snakemake -n --cores $(CORES) --configfile config/config.yaml
+
+# The MLflow UI on the default config's runs (the store `make reproduce` writes), with nothing to
+# activate: `make mlflow`, then open the URL the DAG's last line printed (or http://127.0.0.1:5000).
+# Another store or port: make mlflow MLFLOW_STORE=sqlite:///other.db MLFLOW_PORT=5001
+MLFLOW_STORE ?= sqlite:///mlflow.db
+MLFLOW_PORT  ?= 5000
+.PHONY: mlflow
+mlflow: setup
+	$(BIN)/mlflow ui --backend-store-uri $(MLFLOW_STORE) --port $(MLFLOW_PORT)
 
 report: setup
 	$(BIN)/snakemake --cores 1 --configfile config/config.yaml --report report.html

@@ -120,6 +120,12 @@ def test_docs_build_strict(built_site):
         assert (built_site / page).exists(), page
     fesem = (built_site / "methods" / "fesem.html").read_text()
     assert "FeSEM(4)" in fesem and "celeba_sample" in fesem   # included results tables
+    # FeSEM's page split by section: the real-writer study and the authors' settings on pages of
+    # their own, the main page pointing at both (its old anchors still lead there)
+    femnist = (built_site / "methods" / "fesem-femnist.html").read_text()
+    assert "FeSEM-SB(3)" in femnist and "fesem-authors.html" in fesem and "fesem-femnist.html" in fesem
+    assert 'id="real-femnist-writers"' in fesem and 'id="under-the-authors-code-settings"' in fesem
+    assert "make\nfemnist-sample-authors" in (built_site / "methods" / "fesem-authors.html").read_text()
     assert "mcfl.algorithms.fesem" in (built_site / "api" / "algorithms.html").read_text()
 
 

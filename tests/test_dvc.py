@@ -67,7 +67,7 @@ def test_dvc_lock_is_in_step_with_the_code(tmp_path):
     and parameter dvc.lock records matches the code and config/config.yaml. Fails after any change
     to the package, the workflow or the config until `make dvc-lock` records it."""
     proj = project_copy(tmp_path)
-    out = dvc(proj, "status", "--json")
+    out = dvc(proj, "status", "--json", "dvc.yaml")         # the default config's stages
     status = yaml.safe_load(out[out.index("{"):])
     params = yaml.safe_load((proj / "params.yaml").read_text())
     outputs = {params["data_dir"], params["results"]}     # absent before any run, as outputs and deps
@@ -110,7 +110,7 @@ def test_dvc_repro_without_activation_reruns_only_the_changed_dataset(tmp_path):
     (proj / "config" / "tiny.yaml").write_text(yaml.safe_dump(TINY))
     params = yaml.safe_load((proj / "params.yaml").read_text())
     (proj / "params.yaml").write_text(yaml.safe_dump({**params, "config": "config/tiny.yaml",
-                                                      "results": "results-tiny"}))
+                                                      "data_dir": "data-tiny", "results": "results-tiny"}))
 
     def jobs(out):
         """Snakemake's job counts per DVC stage that ran a command."""
@@ -120,14 +120,55 @@ def test_dvc_repro_without_activation_reruns_only_the_changed_dataset(tmp_path):
     assert jobs(dvc(proj, "repro")) == {"data": {"prepare": 2, "data_all": 1},
                                         "reproduce": {"train": 2, "report": 1, "all": 1}}
     assert (proj / "results-tiny" / "table.md").is_file()
-    assert clean in dvc(proj, "status")
+    assert clean in dvc(proj, "status", "dvc.yaml")
     again = dvc(proj, "repro")
     assert jobs(again) == {} and again.count("didn't change, skipping") == 2
 
     tiny = proj / "config" / "tiny.yaml"
     tiny.write_text(tiny.read_text().replace("clients: 6", "clients: 8", 1))  # digits comes first
+    stamps = {d: (proj / "data-tiny" / d / "meta.json").stat().st_mtime_ns for d in ("digits", "synthetic")}
     out = dvc(proj, "repro")
     assert jobs(out) == {"data": {"prepare": 1, "data_all": 1},
                          "reproduce": {"train": 1, "report": 1, "all": 1}}
-    assert "dataset=digits" in out and "dataset=synthetic" not in out
-    assert clean in dvc(proj, "status")
+    assert max(map(len, out.splitlines())) < 400               # no job's details (--quiet rules)
+    after = {d: (proj / "data-tiny" / d / "meta.json").stat().st_mtime_ns for d in stamps}
+    assert after["digits"] != stamps["digits"] and after["synthetic"] == stamps["synthetic"]
+    assert clean in dvc(proj, "status", "dvc.yaml")
+
+
+def test_every_other_config_entry_names_its_own_folders():
+    """pipelines/dvc.yaml: each entry's folders are the ones its config writes (else the stage
+    stops before running), none is the default config's or another entry's, and every shipped
+    stand-alone config with folders of its own has an entry."""
+    from mcfl.config import load_config, read_yaml
+
+    entries = yaml.safe_load((ROOT / "pipelines" / "dvc.yaml").read_text())["vars"][0]["configs"]
+    for name, e in entries.items():
+        cfg = load_config(ROOT / e["config"])
+        assert (e["data_dir"], e["results"]) == (cfg["data_dir"], cfg["results"]), name
+        assert Path(e["config"]).stem == name
+    folders = [f for e in entries.values() for f in (e["data_dir"], e["results"])]
+    default = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert len(set(folders)) == len(folders) and not {default["data_dir"], default["results"]} & set(folders)
+    own = {p.stem for p in (ROOT / "config").glob("*.yaml") if p.name != "config.yaml"
+           and "methods" in (raw := read_yaml(p)) and raw.get("results", "results") != "results"}
+    assert own == set(entries)
+
+
+@pytest.mark.slow
+def test_another_config_runs_through_its_own_stage_and_leaves_the_default_alone(tmp_path):
+    """`dvc repro pipelines/dvc.yaml:data@fedcg-digits` with nothing activated prepares that
+    config's stores into its own folder, records its own lock entries, and leaves params.yaml,
+    dvc.lock and the default config's status as they were."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the stages start Snakemake from the project's .venv; these tests run outside one")
+    proj = project_copy(tmp_path / "proj")
+    (proj / ".venv").symlink_to(sys.prefix)
+    before = {f: (proj / f).read_text() for f in ("params.yaml", "dvc.lock")}
+    status = dvc(proj, "status", "dvc.yaml")
+    dvc(proj, "repro", "pipelines/dvc.yaml:data@fedcg-digits")
+    assert (proj / "data-fedcg-digits" / "digits_domains").is_dir() and not (proj / "data").exists()
+    assert "data@fedcg-digits" in yaml.safe_load((proj / "pipelines" / "dvc.lock").read_text())["stages"]
+    assert {f: (proj / f).read_text() for f in before} == before
+    assert dvc(proj, "status", "dvc.yaml") == status
+    assert "up to date" in dvc(proj, "status", "pipelines/dvc.yaml:data@fedcg-digits")

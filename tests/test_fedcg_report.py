@@ -50,6 +50,8 @@ def test_tables_group_runs_by_their_hyperparameters(tmp_path):
     assert set(t5["label"]) == {"FedAvg", "FedCG(3)", "GCN-H(32)", "KM(2)", "Oracle(3)"}
     md = (tmp_path / "out" / "tables.md").read_text()
     assert "Table 3" in md and "70.00" in md and "61.00 ± 1.41" in md
+    page = (tmp_path / "out" / "tables.html").read_text()      # the same three tables, for the report
+    assert page.count("<table>") == 3 and "<td>61.00 ± 1.41</td>" in page
     assert pd.read_csv(tmp_path / "out" / "table4.csv").shape[0] == 3
 
 

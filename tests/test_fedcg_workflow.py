@@ -41,6 +41,16 @@ def test_fedcg_tables_are_built_from_the_runs(tmp_path, cli_env):
     shares = pd.read_csv(out / "dd" / "writers-shares.csv")
     assert set(shares["label"]) == {"FedCG(2)"} and set(shares["domain"]) == {0, 1}
     assert "## Domain shares against the writer statistics" in (out / "dd" / "writers.md").read_text()
+    # the report shows the three tables inline, as one page (a CSV would only be a download)
+    assert (out / "tables.html").read_text().count("<table>") == 3
+    rep = snakemake(tmp_path, cli_env, "--report", str(tmp_path / "report.html"))
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    html = (tmp_path / "report.html").read_text(errors="replace")
+    assert '"results/fedcg/tables.html": {"name": "tables.html"' in html     # a result of its own
+    assert '"results/fedcg/table3.csv": {' not in html
+    from test_report_html import tables_shown
+
+    assert tables_shown(tmp_path / "report.html", "FedCG", "results/fedcg/tables.html") == 3
 
     without = dict(TINY, methods=[{"method": "FedAvg"}])
     write_config(tmp_path, without)

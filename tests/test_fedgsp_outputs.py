@@ -134,6 +134,7 @@ def test_table_reports_accuracy_loss_rounds_and_costs(gsp_runs, digits_store, tm
         t_comm((g["trained_groups"] / g["groups"]).to_numpy(), K, 4, CostModel()))
     md = (tmp_path / "table.md").read_text()
     assert "| FedGSP |" in md and "Target accuracy 0%" in md
+    assert "<td>FedGSP</td>" in (tmp_path / "table.html").read_text()   # the same table, for the report
     for f in ("curves.png", "cost.png", "table.csv"):
         assert (tmp_path / f).stat().st_size > 0
     t = write_table([dirs["FedAvg"]], train_settings([runs["FedAvg"]]), digits_store, 1.01, tmp_path)
@@ -236,6 +237,13 @@ def test_fedgsp_rules_run_in_the_dag(tmp_path, cli_env):
               "heatmap.png", "heatmap.csv", "kappa.png", "kappa.csv"):
         assert (out / f).stat().st_size > 0, f
     assert pd.read_csv(out / "table.csv")["method"].tolist() == ["FedAvg", "FedGSP"]
+    # Snakemake's report shows FedGSP's Table 1 inline (a page, not a CSV download)
+    rep = subprocess.run([*cmd, "--report", str(tmp_path / "report.html")], env=cli_env,
+                         capture_output=True, text=True, timeout=600)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    from test_report_html import tables_shown
+
+    assert tables_shown(tmp_path / "report.html", "FedGSP", "results/fedgsp/a/table.html") == 1
     # the page is written inside the results directory; nothing under the project's docs/
     assert not (tmp_path / "docs").exists()
     page = (tmp_path / "results" / "docs" / "results" / "gsp.md").read_text()

@@ -1,7 +1,8 @@
 """The MLflow UI as a researcher first meets it: a real `mlflow ui` on a sqlite store holding runs that
 mcfl recorded, opened in headless Chromium at the URL the DAG prints (mcfl.record.ui_hint). The first
-screen must be the runs table with every run's name, its settings and a final metric value; no click,
-expand or column pick before that.
+screen must be the runs table with every run's name once (a rerun supersedes the earlier record),
+its settings, the final metrics in percent and the training's Duration; no click, expand or column
+pick before that.
 
     python tests/test_mlflow_ui.py STORE.db EXPERIMENT_ID OUT.png   # a screenshot of that screen
 
@@ -106,6 +107,10 @@ def recorded(digits_store, tmp_path_factory):
     try:
         exp = init_sweep("ui-test", runs)
         record_finished(dirs, "ui-test")
+        # a rerun of the first run folder (new metrics.json): recorded again, superseding the first
+        m = json.loads((dirs[0] / "metrics.json").read_text())
+        (dirs[0] / "metrics.json").write_text(json.dumps({**m, "wall_s": m["wall_s"] + 1.0}))
+        record_finished(dirs, "ui-test")
     finally:
         mp.undo()
     finals = [json.loads((d / "metrics.json").read_text())["final"] for d in dirs]
@@ -119,22 +124,27 @@ def test_the_printed_url_opens_on_the_runs_with_names_settings_and_metrics(recor
 
     tmp, exp, finals = recorded
     hint = ui_hint(exp, f"sqlite:///{tmp / 'mlflow.db'}", cwd=tmp)
-    assert hint.startswith("mlflow ui --backend-store-uri sqlite:///mlflow.db  ->  http://127.0.0.1:5000/")
+    assert hint.startswith(f"{Path(sys.executable).parent / 'mlflow'} ui --backend-store-uri "
+                           "sqlite:///mlflow.db  ->  http://127.0.0.1:5000/")
     path = hint.split("http://127.0.0.1:5000", 1)[1]
     with UI(tmp / "mlflow.db", tmp / "ui.log") as ui:
         t0 = ui.started
         dom = chromium(ui.url + path, tmp / "profile", "--dump-dom")
         seconds = time.monotonic() - t0
     for name in ("FedAvg · digits · s0", "FedAvg · digits · s1", "FeSEM(2) · digits · s0"):
-        assert name in dom, name
+        assert dom.count(f">{name}<") == 1, name            # the rerun superseded the first record
     assert "<strong>3</strong> matching runs" in dom
     # the columns in a 1600-pixel-wide window (the grid renders only those in view; the rest,
-    # macro_f1 and ari, are a scroll away)
-    for column in ("dataset", "method", "params.K", "seed", "micro_acc", "macro_acc"):
+    # macro_f1, ari and Duration, are a scroll away)
+    for column in ("dataset", "method", "params.K", "seed", "micro_acc_pct", "macro_acc_pct"):
         assert f">{column}<" in dom, column
-    for f in finals:                    # each run's final value, as metrics.json holds it
-        assert f">{f['micro_acc']!r}<" in dom and f">{f['macro_acc']!r}<" in dom, f
+    for f in finals:                    # each run's final value in percent, as the tables give it
+        for k in ("micro_acc", "macro_acc"):
+            assert f">{round(f[k] * 100, 2)!r}<" in dom, (k, f)
     assert "workflowType=genai" not in dom and "Token Usage" not in dom
+    with UI(tmp / "mlflow.db", tmp / "ui.log") as ui:                   # wide: every column in view
+        dom = chromium(ui.url + path, tmp / "profile-wide", "--dump-dom", size="3200,700")
+    assert ">Duration<" in dom and ">ari<" in dom and ">macro_f1_pct<" in dom
     print(f"first MLflow screen {seconds:.1f} s after `mlflow ui` started (server start to page with runs)")
 
 
@@ -142,13 +152,38 @@ def test_ui_hint_names_the_store_and_the_runs_url(tmp_path):
     from mcfl.track import VIEW_KEY
     from mcfl.record import ui_hint
 
-    assert ui_hint("7", f"sqlite:///{tmp_path / 'mlflow.db'}", cwd=tmp_path) == (
-        "mlflow ui --backend-store-uri sqlite:///mlflow.db  ->  http://127.0.0.1:5000/#/experiments/7/runs"
+    mlflow = tmp_path / ".venv" / "bin" / "mlflow"                # the project's environment
+    mlflow.parent.mkdir(parents=True)
+    mlflow.write_text("#!/bin/sh\n")
+    assert ui_hint("7", f"sqlite:///{tmp_path / 'mlflow.db'}", cwd=tmp_path, mlflow=mlflow) == (
+        ".venv/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db  ->  http://127.0.0.1:5000/#/experiments/7/runs"
         f"?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}")
-    assert ui_hint("7", "sqlite:////elsewhere/m.db", cwd=tmp_path).startswith(
-        "mlflow ui --backend-store-uri sqlite:////elsewhere/m.db  ->  ")
+    assert ui_hint("7", "sqlite:////elsewhere/m.db", cwd=tmp_path / ".venv", mlflow=mlflow).startswith(
+        "bin/mlflow ui --backend-store-uri sqlite:////elsewhere/m.db  ->  ")
+    assert ui_hint("7", "sqlite:////m.db", cwd=tmp_path / "x", mlflow=mlflow).startswith(f"{mlflow} ui ")
+    assert ui_hint("7", "sqlite:////m.db", mlflow=tmp_path / "none").startswith("mlflow ui ")
     assert ui_hint("3", "http://host:5000/") == (
         f"http://host:5000/#/experiments/3/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}")
+    # more runs than the table loads at once: it says how many, and where the rest are
+    assert ui_hint("3", "http://h/", runs=100) == ui_hint("3", "http://h/")
+    assert ui_hint("3", "http://h/", runs=129).endswith(
+        "  (129 runs: the table loads 100 at a time, the rest behind its Load more)")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_mlflow_serves_the_default_store_with_the_projects_mlflow():
+    """`make mlflow` needs nothing activated: the project's .venv/bin/mlflow on the default
+    config's store; MLFLOW_STORE and MLFLOW_PORT pick another."""
+    from conftest import ROOT
+
+    def last(*args):
+        out = subprocess.run(["make", "-n", "--no-print-directory", "mlflow", *args], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+        return out.strip().splitlines()[-1]
+
+    assert last() == ".venv/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000"
+    assert last("MLFLOW_STORE=sqlite:///other.db", "MLFLOW_PORT=5001") == (
+        ".venv/bin/mlflow ui --backend-store-uri sqlite:///other.db --port 5001")
 
 
 def test_the_runs_view_shows_settings_that_differ_then_the_final_metrics():
@@ -160,8 +195,8 @@ def test_the_runs_view_shows_settings_that_differ_then_the_final_metrics():
     view = json.loads(runs_view(differing_settings([a, b])))
     assert view["selectedColumns"] == view["columnOrder"] == [
         "params.`dataset`", "params.`method`", "params.`params.K`", "params.`seed`",
-        "metrics.`micro_acc`", "metrics.`macro_acc`", "metrics.`micro_f1`", "metrics.`macro_f1`",
-        "metrics.`ari`", "params.`train.lr`"]
+        "metrics.`micro_acc_pct`", "metrics.`macro_acc_pct`", "metrics.`micro_f1_pct`",
+        "metrics.`macro_f1_pct`", "metrics.`ari`", "attributes.`Duration`", "params.`train.lr`"]
     assert view["orderByKey"] == "tags.`mlflow.runName`" and view["orderByAsc"] is True
 
 

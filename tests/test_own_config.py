@@ -19,9 +19,11 @@ def test_a_config_without_results_plans_its_outputs_under_its_own_folder(tmp_pat
     path.write_text(yaml.safe_dump(OWN))
     cfg = load_config(path)
     assert cfg["results"] == "results-my-leaf" and cfg["experiment"] == "my-leaf"
+    assert cfg["data_dir"] == "data-my-leaf"
     p = Plan(cfg)
     outs = p.run_outputs("metrics.json") + [p.res("table.md")] + p.targets()
     assert len(outs) > 2 and all(o.startswith("results-my-leaf/") for o in outs)
+    assert p.stores() == ["data-my-leaf/mine"]
     assert {r["experiment"] for r in expand_runs(cfg)} == {"my-leaf"}
 
 
@@ -33,9 +35,38 @@ def test_explicit_names_win_and_the_default_config_keeps_results(tmp_path):
     # a file named config.yaml (the default config's name) keeps the schema's defaults
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(OWN))
     cfg = load_config(tmp_path / "config.yaml")
-    assert (cfg["results"], cfg["experiment"]) == ("results", "mcfl")
+    assert (cfg["results"], cfg["data_dir"], cfg["experiment"]) == ("results", "data", "mcfl")
     # odd characters of a file name do not reach a path or an experiment name
-    assert name_defaults({}, "a b{c}.yml") == {"results": "results-a_b_c_", "experiment": "a_b_c_"}
+    assert name_defaults({}, "a b{c}.yml") == {"results": "results-a_b_c_", "data_dir": "data-a_b_c_",
+                                               "experiment": "a_b_c_"}
+
+
+def test_a_config_reusing_a_dataset_name_never_writes_the_default_configs_store(tmp_path):
+    """`digits` with other prepare settings in a config of the user's own: its store is its own
+    folder's, so the default config's DVC-tracked `data/digits` (and `dvc status`) stay as they were."""
+    default = load_config(ROOT / "config" / "config.yaml")
+    assert default["data_dir"] == "data"
+    assert yaml.safe_load((ROOT / "params.yaml").read_text())["data_dir"] == default["data_dir"]
+    mine = {**OWN, "datasets": {"digits": {**OWN["datasets"]["mine"],
+                                           "prepare": {"source": "digits", "clients": 7, "clusters": 3}}}}
+    (tmp_path / "digits-other.yaml").write_text(yaml.safe_dump(mine))
+    cfg = load_config(tmp_path / "digits-other.yaml")
+    assert Plan(cfg).stores() == ["data-digits-other/digits"]
+    assert Plan(default).store("digits") == "data/digits"
+
+
+SHIPPED = [[ROOT / "config" / p.name] for p in (ROOT / "config").glob("*.yaml") if p.name != "config.yaml"]
+
+
+@pytest.mark.parametrize("paths", SHIPPED + [[ROOT / "config" / "femnist-sample.yaml", o]
+                                             for o in sorted((ROOT / "config" / "femnist-sample").glob("*.yaml"))],
+                         ids=lambda paths: "+".join(p.stem for p in paths))
+def test_no_shipped_config_but_the_default_writes_into_data(paths):
+    """Only config/config.yaml prepares into `data/` (the folder dvc.yaml's default entry tracks)."""
+    raw = read_yaml(paths[0])
+    if "methods" not in raw:                        # an overlay of the default config (six-seeds.yaml)
+        paths = [ROOT / "config" / "config.yaml", *paths]
+    assert load_config(*paths)["data_dir"] not in ("data", "data/", "./data")
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "config").glob("*.yaml")))

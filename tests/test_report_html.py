@@ -2,7 +2,10 @@
 
 import re
 
+import pytest
+
 from conftest import ROOT
+from test_mlflow_ui import CHROMIUM, chromium
 from mcfl.report.format import markdown_html, markdown_table
 
 
@@ -19,8 +22,66 @@ def test_markdown_tables_become_html_tables_cell_for_cell():
     assert "---" not in page and "<li>a note</li>" in page
 
 
-def test_the_report_rule_registers_the_html_tables_not_the_csv():
-    text = (ROOT / "workflow" / "rules" / "report.smk").read_text()
-    registered = re.findall(r'report\(\s*P\.res\("([^"]+)"\)', text)
-    assert "table.html" in registered and "paper_comparison.html" in registered
+def test_the_report_rules_register_the_html_tables_not_the_csv():
+    """Every paper's tables show inline: the default table, the paper comparison, FedCG's Tables 3-5
+    and FedGSP's Table 1 are registered as web pages, no table as a CSV download."""
+    registered = []
+    for rules in ("report", "fedcg", "fedgsp"):
+        text = (ROOT / "workflow" / "rules" / f"{rules}.smk").read_text()
+        registered += re.findall(r'report\(\s*P\.(?:res|fedgsp\.out)\((?:f?"([^"]+)")\)', text)
+    for page in ("table.html", "paper_comparison.html", "fedcg/tables.html", "table.html"):
+        assert page in registered, page
+    assert registered.count("table.html") == 2                  # the default's and FedGSP's
     assert not [f for f in registered if f.endswith(".csv")]
+
+
+def test_fedcg_and_fedgsp_writers_write_their_tables_as_pages():
+    import inspect
+
+    from mcfl.report import fedcg, fedgsp
+
+    assert '"tables.html"' in inspect.getsource(fedcg.write_fedcg_report)
+    assert '"table.html"' in inspect.getsource(fedgsp.write_table)
+
+
+WIDE = ("# Comparison with the papers\n\n"
+        + markdown_table(["dataset", "method", *(f"a long column name {i}" for i in range(14))],
+                         [["femnist", "FeSEM(4)", *(f"84.1 ± 0.3 (paper 85.{i})" for i in range(14))]]))
+#: written into the page by Chromium: how wide the page is, and how wide the table's box and its content
+PROBE = ("<script>document.title = [document.documentElement.scrollWidth, window.innerWidth, "
+         "document.querySelector('.wide').clientWidth, document.querySelector('.wide').scrollWidth].join(' ')"
+         "</script>")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH (apt-get install chromium)")
+def test_a_wide_table_scrolls_inside_its_box_and_the_page_fits(tmp_path):
+    """The paper comparison (16 columns) in a 700-pixel window: the page is no wider than the window
+    (nothing cut off on the right); the table scrolls inside its own box."""
+    page = tmp_path / "wide.html"
+    page.write_text(markdown_html(WIDE, "t").replace("</body>", PROBE + "</body>"))
+    dom = chromium(page.as_uri(), tmp_path / "profile", "--dump-dom", size="700,600", timeout=120)
+    page_w, window_w, box_w, content_w = map(int, re.search(r"<title>([\d ]+)</title>", dom).group(1).split())
+    assert page_w <= window_w and box_w <= window_w
+    assert content_w > box_w                                   # wider than the box: it scrolls there
+
+
+def tables_shown(report, category: str, result: str) -> int:
+    """Open Snakemake's ``report`` in headless Chromium (Playwright) as a reader does: the category,
+    then the eye of ``result``; the number of tables the page shown inline holds."""
+    sync_playwright = pytest.importorskip("playwright.sync_api", reason="the [docs] extra is not installed").sync_playwright
+    if CHROMIUM is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(report.as_uri())
+            page.get_by_text(category, exact=True).first.click()
+            row = page.locator("tr", has_text=result).first
+            row.locator('a[iconname="eye"]').click()
+            page.wait_for_timeout(1500)
+            shown = [f for f in page.frames if f.url.startswith("data:text/html")]
+            return sum(f.locator("table").count() for f in shown)
+        finally:
+            browser.close()

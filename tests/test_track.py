@@ -1,6 +1,7 @@
 """`tracking: deferred`: finished runs recorded from their files equal live tracking's record."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from test_workflow import job_counts, snakemake, write_config
 
 def _record(client, run_id):
     r = client.get_run(run_id)
-    skip = {"mcfl_record", "mlflow.user", "mlflow.source.name",
+    skip = {"mcfl_record", "run_dir", "mlflow.user", "mlflow.source.name",
             "mlflow.source.type", "mlflow.source.git.commit"}
     metrics = {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)]
                for k in r.data.metrics}
@@ -51,7 +52,7 @@ def test_deferred_record_equals_live_tracking_and_is_not_repeated(digits_store, 
         pb, tb, mb, ab, sb = _record(client, b.info.run_id)
         assert (pa, ta, aa, sa) == (pb, tb, ab, sb)
         assert ta["cpu"] == torch.backends.cpu.get_cpu_capability() and ta["torch"] == str(torch.__version__)
-        assert ma.keys() == mb.keys() and "micro_acc" in ma
+        assert ma.keys() == mb.keys() and "micro_acc" in ma and "micro_acc_pct" in ma
         for k in ma:                                          # same steps, values to csv precision
             assert [s for s, _ in ma[k]] == [s for s, _ in mb[k]], k
             if k in TIME_COLUMNS:                             # seconds: two trainings, two timings
@@ -85,8 +86,13 @@ def test_workflow_records_runs_once_in_one_track_job(tmp_path, cli_env):
         seconds = (row["end_time"] - row["start_time"]).total_seconds()
         assert seconds == pytest.approx(m["wall_s"], abs=0.01)
         assert row["end_time"].timestamp() == pytest.approx((d / "metrics.json").stat().st_mtime, abs=0.01)
-    assert "MLflow: mlflow ui --backend-store-uri sqlite:///" in r.stderr
-    assert r.stderr.rstrip().splitlines()[-1].startswith("MLflow: mlflow ui ")      # the last line
+    # the last lines: where the tables are, then the project's mlflow by its path (nothing to activate)
+    tables, last = r.stderr.rstrip().splitlines()[-2:]
+    assert tables == "Tables: results/table.md, results/paper_comparison.md"
+    mlflow_bin = last.removeprefix("MLflow: ").split(" ui ")[0]
+    assert mlflow_bin.endswith("/mlflow") and os.access(mlflow_bin, os.X_OK), last
+    assert " ui --backend-store-uri sqlite:///mlflow.db  ->  http://127.0.0.1:5000/" in last
+    assert runs["tags.run_dir"].str.startswith("results/runs/digits/").all()
     assert (tmp_path / "results" / "mlflow_runs.tsv").read_text().count("\n") == 3
     cfg["methods"].append({"method": "FedProx", "mu": 0.1})                # one more run
     write_config(tmp_path, cfg)
@@ -136,3 +142,50 @@ def test_unreachable_server_fails_naming_the_uri_or_defers(monkeypatch, digits_s
     monkeypatch.chdir(tmp_path)
     [(d, run_id)] = record_finished([tmp_path / "run"], "later")
     assert d == str(tmp_path / "run") and run_id
+
+
+def test_a_rerun_of_a_run_folder_supersedes_its_earlier_runs(mlflow_uri):
+    """One visible MLflow run per run folder: a finished run deletes the experiment's older runs of
+    its folder (tagged with the run that superseded them); another folder's run stays; an unfinished
+    rerun leaves the earlier run visible."""
+    from mlflow import MlflowClient
+
+    from mcfl.tracked_runs import RUN_DIR_TAG, SUPERSEDED_TAG
+
+    client = MlflowClient(mlflow_uri)
+    run = make_run(method="FedAvg")
+    identity = {"git": "g", "data_hash": "d", "run_hash": "h"}
+
+    def record(run_dir, status="FINISHED", acc=0.5):
+        t = MLflowTracker("reruns", client=client, defer=False, run_dir=run_dir)
+        t.start(run, identity)
+        t.log({"micro_acc": acc, "train_loss": 1.25}, step=1)
+        t.end(status)
+        return t.run_id
+
+    first = record("results/runs/digits/FedAvg/seed0")
+    other = record("results-mine/runs/digits/FedAvg/seed0")          # same name, another folder
+    second = record("results/runs/digits/FedAvg/seed0", acc=0.65994962)
+    failed = record("results/runs/digits/FedAvg/seed0", status="FAILED")
+    exp = client.get_experiment_by_name("reruns").experiment_id
+    visible = {r.info.run_id for r in client.search_runs([exp])}
+    assert visible == {other, second, failed}
+    old = client.get_run(first)
+    assert old.info.lifecycle_stage == "deleted" and old.data.tags[SUPERSEDED_TAG] == second
+    assert client.get_run(second).data.tags[RUN_DIR_TAG] == "results/runs/digits/FedAvg/seed0"
+    # accuracy also in percent (the tables' unit), the loss as it is
+    assert client.get_run(second).data.metrics == {"micro_acc": 0.65994962, "micro_acc_pct": 65.99,
+                                                   "train_loss": 1.25}
+
+
+def test_percent_companions_and_run_folder_keys(tmp_path, monkeypatch):
+    from mcfl.tracked_runs import run_dir_key, with_percent
+
+    assert with_percent({"micro_acc": 0.123456, "seen/macro_f1": 0.5, "ari": 0.9, "train_loss": 2.0,
+                         "macro_acc": float("nan")}) == {
+        "micro_acc": 0.123456, "micro_acc_pct": 12.35, "seen/macro_f1": 0.5, "seen/macro_f1_pct": 50.0,
+        "ari": 0.9, "train_loss": 2.0, "macro_acc": pytest.approx(float("nan"), nan_ok=True)}
+    monkeypatch.chdir(tmp_path)
+    assert run_dir_key("results/runs/d/FedAvg/seed0/") == "results/runs/d/FedAvg/seed0"
+    assert run_dir_key(tmp_path / "r" / "s0") == "r/s0"
+    assert run_dir_key("/elsewhere/r") == "/elsewhere/r"

@@ -70,7 +70,9 @@ def test_dag_runs_end_to_end_and_reruns_only_what_changed(tmp_path, cli_env):
     assert len(children) == 6 and children["tags.sweep"].nunique() == 1
     assert set(children["status"]) == {"FINISHED"}
     assert children["tags.git_sha"].notna().all() and children["tags.data_hash"].notna().all()
-    assert "metrics.micro_acc" in children
+    assert "metrics.micro_acc" in children and "metrics.micro_acc_pct" in children
+    assert children["tags.run_dir"].str.match(r"results/runs/digits/[^/]+/seed[01]$").all()   # one per folder
+    assert children["tags.run_dir"].nunique() == 6
 
     nothing = snakemake(tmp_path, cli_env, "-n")
     assert nothing.returncode == 0 and "Nothing to be done" in nothing.stdout + nothing.stderr

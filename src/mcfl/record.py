@@ -8,12 +8,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shlex
+import sys
 from pathlib import Path
 from typing import Iterable
 
 from mcfl.io import OUTPUTS
 from mcfl.track import (VIEW_KEY, MLflowTracker, _client, _ms, _retry, check_server, differing_settings,
                         experiment_id, store_lock, tracking_uri)
+from mcfl.tracked_runs import UI_PAGE
 
 log = logging.getLogger("mcfl")
 
@@ -87,7 +91,7 @@ def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tu
                 for row in pd.read_csv(d / "history.csv").to_dict("records")]
         end_s = (d / "metrics.json").stat().st_mtime
         start_s = end_s - float(m.get("wall_s") or 0.0)
-        t = MLflowTracker(experiment, client=client, defer=False)
+        t = MLflowTracker(experiment, client=client, defer=False, run_dir=d)
         t.start(m["config"], {k: m[k] for k in ("git", "data_hash", "run_hash", "threads", "torch", "cpu")
                               if k in m}, tags={RECORD_TAG: key}, start_time=_ms(start_s))
         t._replay(rows, _round_times(rows, start_s))
@@ -107,9 +111,19 @@ def init_sweep(experiment: str, runs: Iterable[dict] = ()) -> str:
     return experiment_id(client, experiment, differing_settings(runs))
 
 
-def ui_hint(experiment_id: str, uri: str | None = None, cwd: Path | None = None) -> str:
-    """What to run and open to see the runs: ``mlflow ui ...  ->  URL`` for a sqlite store (the
-    URL ``mlflow ui`` serves by default), the URL alone for a tracking server."""
+def ui_hint(experiment_id: str, uri: str | None = None, cwd: Path | None = None,
+            mlflow: Path | None = None, runs: int | None = None) -> str:
+    """What to run and open to see the runs: ``.venv/bin/mlflow ui ...  ->  URL`` for a sqlite store
+    (the URL ``mlflow ui`` serves by default), the URL alone for a tracking server. The command
+    names the ``mlflow`` of this interpreter's environment by its path (:func:`mlflow_command`), so
+    it works in a shell where nothing is activated. With more ``runs`` than the runs table loads at
+    once, it says so (the rest are behind the table's *Load more*)."""
+    note = (f"  ({runs} runs: the table loads {UI_PAGE} at a time, the rest behind its Load more)"
+            if runs and runs > UI_PAGE else "")
+    return _ui_command(experiment_id, uri, cwd, mlflow) + note
+
+
+def _ui_command(experiment_id: str, uri: str | None, cwd: Path | None, mlflow: Path | None) -> str:
     uri = uri or tracking_uri()
     if uri.startswith(("http://", "https://")):
         return runs_link(uri, experiment_id)
@@ -120,7 +134,22 @@ def ui_hint(experiment_id: str, uri: str | None = None, cwd: Path | None = None)
             store = f"sqlite:///{path.relative_to((cwd or Path.cwd()).resolve())}"
         except ValueError:
             pass
-    return f"mlflow ui --backend-store-uri {store}  ->  {runs_link('http://127.0.0.1:5000', experiment_id)}"
+    return (f"{mlflow_command(mlflow, cwd)} ui --backend-store-uri {store}  ->  "
+            f"{runs_link('http://127.0.0.1:5000', experiment_id)}")
+
+
+def mlflow_command(mlflow: Path | None = None, cwd: Path | None = None) -> str:
+    """The ``mlflow`` script beside this interpreter (``.venv/bin/mlflow`` for the project's
+    environment), relative to ``cwd`` when under it; plain ``mlflow`` when there is none there."""
+    mlflow = Path(mlflow) if mlflow else Path(sys.executable).parent / "mlflow"
+    if not mlflow.is_file():
+        return "mlflow"
+    cwd = (cwd or Path.cwd()).resolve()
+    absolute = Path(os.path.abspath(mlflow))
+    try:
+        return str(absolute.relative_to(cwd))
+    except ValueError:
+        return shlex.quote(str(absolute))
 
 
 def runs_link(uri: str, experiment_id: str) -> str:

@@ -19,7 +19,10 @@ same run id, back to RUNNING, each (metric, round) pair recorded once however of
 killed, FINISHED at the end. A job stopped by SIGTERM or Ctrl-C marks its run KILLED, one that
 fails FAILED; one killed by SIGKILL stays RUNNING until it is resumed, or, killed before its first
 checkpoint, until the run starts again: the new start marks it KILLED and replaces it (one run per
-name), see :meth:`MLflowTracker.start`.
+name), see :meth:`MLflowTracker.start`. A run that finishes supersedes the earlier runs of its run
+folder (tag ``run_dir``; a rerun after a changed or restored parameter): they are tagged
+``superseded_by`` and deleted, so the runs table shows each run folder once
+(:func:`mcfl.tracked_runs.supersede_older_runs`).
 
 Faults of the store itself (a garbage file, a full disk, a path that cannot be opened, a URI MLflow
 does not know) raise :class:`TrackingError`, one line naming the URI and what to do; with
@@ -50,6 +53,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from mcfl.tracked_runs import DURATION_COLUMN, RUN_DIR_TAG, run_dir_key, supersede_older_runs, with_percent
+
 
 
 log = logging.getLogger("mcfl")
@@ -63,8 +68,9 @@ EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 # The saved view of the runs table that `runs_link` opens (tag `mlflow.sharedViewState.<key>`)
 VIEW_KEY = "mcfl-runs"
 VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
-#: the final metrics the runs table shows, in this order
-METRICS = ("micro_acc", "macro_acc", "micro_f1", "macro_f1", "ari")
+#: the final metrics the runs table shows, in this order: accuracies and F1 in percent, as the
+#: tables give them (:func:`with_percent`), and ARI as the tables give it (a fraction)
+METRICS = ("micro_acc_pct", "macro_acc_pct", "micro_f1_pct", "macro_f1_pct", "ari")
 #: the run settings it shows (params), then those that differ between the experiment's runs
 PARAMS = ("dataset", "method", "params.K", "seed")
 
@@ -183,13 +189,16 @@ def experiment_id(client, name: str, differing: Iterable[str] | None = None) -> 
 
 def runs_view(differing: Iterable[str] = ()) -> str:
     """The runs table's saved view (MLflow's shared-view state, JSON): columns for :data:`PARAMS`,
-    the params in ``differing`` (flattened run-config keys such as ``train.lr``) and the final
-    :data:`METRICS`, in the order PARAMS, METRICS, the differing settings (what a run is, how it
-    scored, then the rest, so the metrics are on the first screen); rows sorted by
-    run name (method · dataset · seed), every run drawn in the charts."""
+    the params in ``differing`` (flattened run-config keys such as ``train.lr``), the final
+    :data:`METRICS` and MLflow's Duration (the training's time: runs carry its start and end), in
+    the order PARAMS, METRICS, Duration, the differing settings (what a run is, how it scored, then
+    the rest, so the metrics are on the first screen); rows sorted by run name
+    (method · dataset · seed), every run drawn in the charts."""
     params = list(dict.fromkeys([*PARAMS, *sorted(set(differing) - set(PARAMS))]))[:16]
     cols = [*(f"params.`{k}`" for k in params[:len(PARAMS)]), *(f"metrics.`{k}`" for k in METRICS),
             *(f"params.`{k}`" for k in params[len(PARAMS):])]
+    at = len(PARAMS) + len(METRICS)
+    cols = [*cols[:at], DURATION_COLUMN, *cols[at:]]
     return json.dumps({"selectedColumns": cols, "columnOrder": cols, "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
                        "runsHiddenMode": "SHOW_ALL", "lifecycleFilter": "Active"}, separators=(",", ":"))
 
@@ -293,8 +302,10 @@ class MLflowTracker(Tracker):
     (a full disk) stops the tracking with one warning and the training goes on; otherwise the fault is
     a :class:`TrackingError`."""
 
-    def __init__(self, experiment: str, flush_every: int = 200, client=None, defer: bool | None = None):
+    def __init__(self, experiment: str, flush_every: int = 200, client=None, defer: bool | None = None,
+                 run_dir: str | Path | None = None):
         self.experiment, self.flush_every = experiment, flush_every
+        self.run_dir = run_dir_key(run_dir) if run_dir is not None else None
         self.defer = os.environ.get(UNREACHABLE_ENV, "fail") == "defer" if defer is None else defer
         self.client = client or _client()
         self.run_id: str | None = None
@@ -336,6 +347,8 @@ class MLflowTracker(Tracker):
                 "git_sha": identity["git"], "data_hash": identity["data_hash"],
                 "run_hash": identity["run_hash"], "mlflow.runName": name,
                 "method_origin": method_origin(run["method"]), **(tags or {})}
+        if self.run_dir:
+            tags[RUN_DIR_TAG] = self.run_dir
         tags.update({k: str(identity[k]) for k in ("threads", "torch", "cpu") if k in identity})
         if os.environ.get(SWEEP_ENV):
             tags["sweep"] = os.environ[SWEEP_ENV]
@@ -391,7 +404,7 @@ class MLflowTracker(Tracker):
         if self.failed:
             return
         ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
-        self.buffer += [Metric(k, float(v), ts, step) for k, v in metrics.items()
+        self.buffer += [Metric(k, float(v), ts, step) for k, v in with_percent(metrics).items()
                         if isinstance(v, (int, float)) and step > self.logged.get(k, 0)]
         if len(self.buffer) >= self.flush_every:
             self.flush()
@@ -412,9 +425,11 @@ class MLflowTracker(Tracker):
                 self.flush()
             finally:
                 self._guard(_retry, self.client.set_terminated, self.run_id, status, end_time=end_time)
+        if status == "FINISHED" and self.run_dir and self.run_id and not self.failed:
+            self._guard(supersede_older_runs, self.client, self.run_id, self.run_dir, _retry)
 
 
-def make_tracker(enabled: bool, experiment: str) -> Tracker:
+def make_tracker(enabled: bool, experiment: str, run_dir: str | Path | None = None) -> Tracker:
     """The job's tracker. A store that cannot be used (a tracking server that does not answer, a
     garbage or full sqlite file, an unknown URI) fails the job before training with one line naming
     the URI, or, with ``$MCFL_TRACKING_UNREACHABLE=defer``, the job trains untracked (its files are
@@ -423,7 +438,7 @@ def make_tracker(enabled: bool, experiment: str) -> Tracker:
         return Tracker()
     try:
         check_server()
-        tracker = MLflowTracker(experiment)
+        tracker = MLflowTracker(experiment, run_dir=run_dir)
         experiment_id(tracker.client, experiment)        # opens the store: its faults show here
         return tracker
     except ConnectionError as e:                        # TrackingError too

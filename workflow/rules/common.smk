@@ -90,9 +90,18 @@ onstart:
 
 
 onsuccess:
+    import atexit
+    import glob
+
+    # at exit, after Snakemake's own last line ("Complete log(s): ..."): where the tables are, then
+    # the command that opens the runs (the project's mlflow by its path: nothing to activate)
+    _tables = [P.res("table.md"), P.res("paper_comparison.md"), P.res("fedcg/tables.md")]
+    _tables += sorted(glob.glob(glob.escape(P.res("fedgsp")) + "/*/table.md"))
+    _tables = [t for t in _tables if os.path.isfile(t)]
+    _tail = [f"Tables: {', '.join(_tables)}"] if _tables else []
     if MLFLOW:
         from mcfl.record import ui_hint
-        import atexit
 
-        # at exit: after Snakemake's own last line ("Complete log(s): ...")
-        atexit.register(print, f"MLflow: {ui_hint(MLFLOW['experiment_id'])}", file=sys.stderr)
+        _tail.append(f"MLflow: {ui_hint(MLFLOW['experiment_id'], runs=len(P.runs))}")
+    if _tail:
+        atexit.register(print, "\n".join(_tail), file=sys.stderr)

@@ -4,7 +4,9 @@
 checkout yet) keeps the hash dvc.lock already has instead of stopping the commit: the stages'
 dependencies and parameters are hashed as they are now; outputs that exist are hashed and cached.
 Run it from the repository's root after changing code or a config, before committing, so that
-`dvc status` after `make reproduce` on a fresh clone lists no changed dependency.
+`dvc status dvc.yaml` after `make reproduce` on a fresh clone lists no changed dependency. Only the
+default config's stages (``dvc.yaml``); the other configs' (``pipelines/dvc.yaml``) are recorded in
+``pipelines/dvc.lock`` by their own ``dvc repro``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dvc.repo import Repo
 
 def main() -> None:
     with Repo() as repo, repo.lock:
-        stages = list(repo.index.stages)
+        # the default config's stages (./dvc.yaml); pipelines/dvc.yaml's entries lock when they run
+        stages = [s for s in repo.index.stages if s.dvcfile.relpath == "dvc.yaml"]
         for stage in stages:
             stage.save(allow_missing=True, run_cache=False)
             stage.commit(allow_missing=True)

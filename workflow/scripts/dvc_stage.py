@@ -44,7 +44,11 @@ def main(argv: list[str]) -> int:
     # find the environment's scripts without an activated environment.
     bindir = os.path.dirname(sys.executable)
     os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-    args = [*targets, "--cores", os.environ.get("MCFL_CORES") or "all", "--configfile", config]  # --configfile takes all that follows
+    # --quiet rules: the progress, the job counts and any failure, without each job's details (the
+    # report and track jobs list every run's files: lines of thousands of characters); each job's own
+    # log is in the config's log folder, and a plain `snakemake` shows the details
+    args = [*targets, "--cores", os.environ.get("MCFL_CORES") or "all", "--quiet", "rules",
+            "--configfile", config]  # --configfile takes all that follows
     print("+ snakemake " + " ".join(args), flush=True)
     os.execv(sys.executable, [sys.executable, "-m", "snakemake", *args])
     return 0  # not reached

@@ -2,7 +2,7 @@
 
 Runs ``make setup`` and then ``.venv/bin/dvc repro`` (Snakemake on the config ``params.yaml`` names,
 ``$MCFL_CORES`` cores), passing their output through, and writes ``logs/reproduce.json`` (beside the
-DAG's logs, not among the outputs DVC records, so ``dvc status`` stays clean after it): the
+DAG's logs, not among the outputs DVC records, so ``dvc status dvc.yaml`` stays clean after it): the
 seconds each took, the number of Snakemake jobs that ran, the run folders the DAG holds, the sum of
 the jobs' own times (``<results>/benchmarks/``), the machine and the git revision. ``make
 docs-results`` turns that file into the sentence the README and the quickstart show, so the figures
@@ -27,10 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 #: where the record goes (the default config's log folder; not a DVC output)
 RECORD = "logs/reproduce.json"
 STEPS = re.compile(r"(\d+) of (\d+) steps \(100%\) done")
+#: the DAG's closing lines (where the tables are, what opens the runs), said again at the very end,
+#: after DVC's own advice
+TAIL = ("Tables: ", "MLflow: ")
 
 
-def run(cmd: list[str], env: dict | None = None) -> tuple[int, int]:
-    """Run ``cmd`` with its output passed through; its exit code and the Snakemake jobs it ran."""
+def run(cmd: list[str], env: dict | None = None, tail: dict | None = None) -> tuple[int, int]:
+    """Run ``cmd`` with its output passed through; its exit code and the Snakemake jobs it ran. The
+    last line starting with each of :data:`TAIL` goes into ``tail``."""
     jobs = 0
     with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, bufsize=1) as proc:
@@ -39,6 +43,8 @@ def run(cmd: list[str], env: dict | None = None) -> tuple[int, int]:
             sys.stdout.flush()
             if m := STEPS.search(line):
                 jobs += int(m.group(2))
+            if tail is not None and line.startswith(TAIL):
+                tail[line[:line.index(":")]] = line.rstrip("\n")
     return proc.returncode, jobs
 
 
@@ -83,7 +89,8 @@ def main() -> int:
         return code
     t1 = time.monotonic()
     env = {**os.environ, "MCFL_CORES": os.environ.get("MCFL_CORES") or "all"}
-    code, jobs = run([str(ROOT / ".venv" / "bin" / "dvc"), "repro"], env)
+    tail: dict[str, str] = {}
+    code, jobs = run([str(ROOT / ".venv" / "bin" / "dvc"), "repro"], env, tail)
     t2 = time.monotonic()
     if code:
         return code
@@ -100,6 +107,9 @@ def main() -> int:
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"make reproduce: {record['setup_s'] + record['dag_s']:.0f} s ({record['setup_s']:.0f} s setup, "
           f"{record['dag_s']:.0f} s for {jobs} jobs) -> {RECORD}")
+    if "MLflow" not in tail and (ROOT / "mlflow.db").exists():   # DVC started nothing: still say it
+        tail["MLflow"] = "MLflow: make mlflow (.venv/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db)"
+    print("\n".join(tail.values()))
     return 0
 
 

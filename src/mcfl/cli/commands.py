@@ -189,7 +189,7 @@ def _cmd_train(a) -> int:
     for j, run in zip(jobs, runs):
         if run["params"].get("K") == "auto":               # checked again with the K chosen
             run = parse_run(json.dumps(_resolve_k(run, j["k_from"])))
-        tracker = make_tracker(a.tracking, run.get("experiment", "mcfl"))
+        tracker = make_tracker(a.tracking, run.get("experiment", "mcfl"), run_dir=j["out"])
         inputs = {"centres": j["centres"]} if j["centres"] else None
         res = train(run, a.store, j["out"], inputs=inputs, tracker=tracker, device=a.device,
                     threads=a.threads, checkpoint=j["checkpoint"], progress=not a.no_progress)

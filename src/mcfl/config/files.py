@@ -116,20 +116,24 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(msg if msg.startswith(f"{path}: ") else f"{path}: {msg}") from None
 
 
-#: the default config's file name (``config/config.yaml``): it keeps the schema's ``results`` and
-#: ``experiment`` defaults instead of names derived from the file name
+#: the default config's file name (``config/config.yaml``): it keeps the schema's ``results``,
+#: ``data_dir`` and ``experiment`` defaults instead of names derived from the file name
 DEFAULT_CONFIG_STEM = "config"
 
 
 def name_defaults(cfg: Any, path: str | Path) -> Any:
-    """Fill the ``results`` and ``experiment`` a config file leaves out from its file name, so that
-    two configs never write into one results folder or MLflow experiment: ``my-leaf.yaml`` ->
-    ``results: results-my-leaf``, ``experiment: my-leaf``. A file named ``config.yaml`` (the
-    default config's name) keeps the schema's defaults, ``results`` and ``mcfl``. Characters
-    other than letters, digits, ``.``, ``_`` and ``-`` become ``_``."""
+    """Fill the ``results``, ``data_dir`` and ``experiment`` a config file leaves out from its file
+    name, so that two configs never write into one results folder, one data store or one MLflow
+    experiment: ``my-leaf.yaml`` -> ``results: results-my-leaf``, ``data_dir: data-my-leaf``,
+    ``experiment: my-leaf``. (Two configs that name one dataset with different ``prepare`` blocks
+    would otherwise rebuild one store in turn, and the default config's DVC-tracked ``data/`` with
+    it.) A file named ``config.yaml`` (the default config's name) keeps the schema's defaults,
+    ``results``, ``data`` and ``mcfl``. Characters other than letters, digits, ``.``, ``_`` and
+    ``-`` become ``_``."""
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem) or "config"
     if isinstance(cfg, dict) and stem != DEFAULT_CONFIG_STEM:
         cfg.setdefault("results", f"results-{stem}")
+        cfg.setdefault("data_dir", f"data-{stem}")
         cfg.setdefault("experiment", stem)
     return cfg
 

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from mcfl.io import atomic_path, read_run, write_text
-from mcfl.report.format import machines, machines_section, markdown_table, mean_std
+from mcfl.report.format import machines, machines_section, markdown_html, markdown_table, mean_std
 from mcfl.metrics import paired_counts, sign_test_p
 
 ADJ = {"uniform": "U", "hamming": "H", "distance": "D"}
@@ -242,4 +242,6 @@ def write_fedcg_report(run_dirs: list[Path], out: Path) -> dict[str, pd.DataFram
     where = machines_section(ts["table5"], {"rows": "machine"}, lambda r: f"{r['label']} ({r['dataset']})")
     write_text(out / "tables.md", "\n".join(to_markdown(n, t, TITLES[n]) for n, t in ts.items())
                + ("\n### Machines (Table 5's rows)\n\n" + "\n".join(where) + "\n" if where else ""))
+    # the same tables for Snakemake's report, which shows HTML inline (a CSV only as a download)
+    write_text(out / "tables.html", markdown_html((out / "tables.md").read_text(), "FedCG's tables"))
     return ts

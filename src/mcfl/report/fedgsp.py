@@ -38,8 +38,8 @@ from mcfl.fedgsp.metrics import (CostModel, class_counts, group_counts, pairwise
                                  rounds_to_target, run_cost)
 from mcfl.io import atomic_path, read_run, write_text
 from mcfl.metrics import paired_counts, sign_test_p
-from mcfl.report.format import (diverged_cell, diverged_note, machine, machines_section, markdown_table,
-                                mean_std)
+from mcfl.report.format import (diverged_cell, diverged_note, machine, machines_section, markdown_html,
+                                markdown_table, mean_std)
 from mcfl.streams import GSP_GROUPING as GROUPING
 from mcfl.streams import SERVER, derive_seed
 
@@ -323,6 +323,8 @@ def write_table(run_dirs: list[Path], train: list[dict], store, target: float, o
     where = machines_section(per, {"runs": "machine"}, lambda r: f"{r['method']} seed {r['seed']}")
     write_text(out / "table.md", table_markdown(t) + divergence_notes(recs)
                + "\n**Machines.**\n\n" + "\n".join(where) + "\n")
+    # the same table for Snakemake's report, which shows HTML inline (a CSV only as a download)
+    write_text(out / "table.html", markdown_html((out / "table.md").read_text(), "FedGSP's Table 1"))
     curves_figure(recs, out / "curves.png")
     cost_figure(t, out / "cost.png")
     return t

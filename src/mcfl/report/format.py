@@ -69,7 +69,8 @@ def markdown_html(text: str, title: str) -> str:
             while i < len(lines) and lines[i].startswith("|"):
                 rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells(lines[i])) + "</tr>")
                 i += 1
-            body.append("<table>\n" + "\n".join(rows) + "\n</table>")
+            # a table wider than the page scrolls inside its own box instead of being cut off
+            body.append('<div class="wide">\n<table>\n' + "\n".join(rows) + "\n</table>\n</div>")
             continue
         m = re.match(r"(#{1,6})\s+(.*)", line)
         if m:
@@ -81,6 +82,7 @@ def markdown_html(text: str, title: str) -> str:
             body.append(f"<p>{html.escape(line)}</p>")
         i += 1
     style = ("body{font-family:sans-serif;font-size:14px} table{border-collapse:collapse} "
+             ".wide{max-width:100%;overflow-x:auto} "
              "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right} "
              "th:nth-child(-n+3),td:nth-child(-n+3){text-align:left} th{background:#f3f3f3}")
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
