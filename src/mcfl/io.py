@@ -71,7 +71,7 @@ def _check_replaceable(path: Path, marker: str | None) -> None:
     """A ValueError unless the directory ``path`` is absent, empty, or holds ``marker``."""
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise ValueError(f"{path}: exists and is not a directory; refusing to replace it")
-    if path.is_dir() and any(path.iterdir()) and not (marker and (path / marker).is_file()):
+    if path.is_dir() and any(path.iterdir()) and not (marker and (path / marker).exists()):
         what = f"has no {marker}" if marker else "is not empty"
         raise ValueError(f"{path}: a folder this command did not write ({what}); refusing to "
                          f"replace it: choose another --out or remove it first")

@@ -60,6 +60,7 @@ from mcfl.evaluation import RoundCache, evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
 from mcfl.io import (OUTPUTS, config_hash, csv_text, git_revision, remove_stale_temps, rows_csv, state_on,
                      write_bytes, write_json)
+from mcfl.paths import refuse_overlap
 from mcfl.precision import precision_ran
 from mcfl.timing import COLUMNS as TIME_COLUMNS, LocalClock
 from mcfl.track import NullTracker
@@ -73,6 +74,38 @@ def _save_checkpoint(path: Path, algo, state, rnd: int, rows: list[dict], identi
                      tracking_id: str | None, segments: list[dict]) -> None:
     _torch_save(path, {"round": rnd, "state": algo.state_dict(state), "history": rows,
                        "tracking_id": tracking_id or "", "segments": segments, **identity})
+
+
+def checkpoint_owner(run: dict) -> dict:
+    """What a checkpoint records of the run that wrote it (its ``owner``): the run's dataset, run
+    id and seed, which stay when the run's settings change. A file at ``--checkpoint`` that is not
+    a checkpoint of this owner is never overwritten (:func:`refuse_foreign_checkpoint`)."""
+    return {"dataset": str(run["dataset"]), "run_id": str(run["run_id"]), "seed": int(run["seed"])}
+
+
+def refuse_foreign_checkpoint(path: Path | None, run: dict, run_hash: str) -> None:
+    """A one-line ValueError, before anything is written, if ``path`` holds anything but a
+    checkpoint of this run (:func:`checkpoint_owner`; a checkpoint written before owners were
+    recorded: one of the same configuration): a note, another run's ``state.pt`` or checkpoint,
+    which training would overwrite and then delete. A missing file is fine; this run's own
+    checkpoint of other settings is replaced (:func:`_load_checkpoint` warns)."""
+    if path is None or not (path.exists() or path.is_symlink()):
+        return
+    if not path.is_file():
+        raise ValueError(f"{path}: --checkpoint must be a file path, not a directory or special file")
+    try:                                # the tensors stay on disk: only the small keys are read
+        ck = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - no torch archive, or objects other than tensors
+        ck = None
+    owner = ck.get("owner") if isinstance(ck, dict) else None
+    if owner == checkpoint_owner(run) or (isinstance(ck, dict) and owner is None
+                                          and ck.get("run_hash") == run_hash):
+        return
+    what = (f"the checkpoint of {owner.get('dataset')} {owner.get('run_id')} seed {owner.get('seed')}"
+            if isinstance(owner, dict) else "a file that is no checkpoint of this run"
+            if not isinstance(ck, dict) or "run_hash" not in ck else "another run's checkpoint")
+    raise ValueError(f"{path}: --checkpoint holds {what}; refusing to overwrite it: give this run "
+                     f"its own checkpoint path, or delete the file")
 
 
 class CheckpointClock:
@@ -239,10 +272,12 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     tracker = tracker or NullTracker()
     out_dir = Path(out_dir)
     ckpt_path = Path(checkpoint) if checkpoint else None
-    if ckpt_path and ckpt_path.exists() and not ckpt_path.is_file():
-        raise ValueError(f"{ckpt_path}: --checkpoint must be a file path, not a directory")
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"{out_dir}: --out must be a directory, not a file")
+    run_hash = config_hash({k: run[k] for k in ("dataset", "method", "params", "model", "train", "seed")})
+    if ckpt_path:
+        refuse_overlap([ckpt_path], [out_dir / name for name in RESULTS], flag="--checkpoint")
+        refuse_foreign_checkpoint(ckpt_path, run, run_hash)
     for name in RESULTS:                    # a stale result must not outlive a failed rerun
         (out_dir / name).unlink(missing_ok=True)
         remove_stale_temps(out_dir / name)
@@ -260,7 +295,6 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     check_run(tcfg, run["model"], data, K=run["params"].get("K"), device=dev)   # before allocating
     fed = build_federation(data, run["model"], tcfg, run["seed"], dev, inputs)
     algo = cls(fed, params)
-    run_hash = config_hash({k: run[k] for k in ("dataset", "method", "params", "model", "train", "seed")})
     identity = {"git": git_revision(), "data_hash": data.content_hash, "run_hash": run_hash,
                 "threads": torch.get_num_threads(), "torch": str(torch.__version__),
                 # the CPU kernels PyTorch picked (AVX2, AVX512...): they round differently, so a CPU
@@ -282,6 +316,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     evaluation_protocols = protocols(tcfg.eval_protocols)
     ck_every = int(tcfg.checkpoint_every or 0) if ckpt_path else 0
     ck_clock = CheckpointClock()
+    ck_identity = {**identity, "owner": checkpoint_owner(run)}     # whose checkpoint it is
     bar = _progress(range(start, rounds + 1), run, progress)
     # the trainer the algorithm trains with: FedCG and FedFusion build one for their own network
     clock = LocalClock(algo.fed.trainer, fed.device)
@@ -320,7 +355,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
             tracker.log({k: v for k, v in row.items() if k != "round"}, step=r)
             if ck_every and r % ck_every == 0 and r < rounds and ck_clock.due():
                 t_ck = ck_clock.clock()
-                _save_checkpoint(ckpt_path, algo, state, r, rows, identity, tracking_id,
+                _save_checkpoint(ckpt_path, algo, state, r, rows, ck_identity, tracking_id,
                                  _segments(ck, here, start, r))
                 ck_clock.wrote(t_ck)
                 tracker.flush()

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 
-from mcfl.cli.commands import COMMANDS, available_cores
+from mcfl.cli.commands import COMMANDS, available_cores, refuse_own_inputs
 from mcfl.cli.parser import build_parser
 
 __all__ = ["COMMANDS", "available_cores", "build_parser", "error_line", "main", "run"]
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
+        refuse_own_inputs(args)
         return COMMANDS[args.cmd](args)
     except (ValueError, OSError, MemoryError, RecursionError, DivergenceError) as e:   # ConfigError, StoreError too
         print(f"mcfl {args.cmd}: error: {error_line(e)}", file=sys.stderr)
