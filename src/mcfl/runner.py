@@ -60,7 +60,6 @@ from mcfl.evaluation import RoundCache, evaluate, evaluate_protocol, protocols
 from mcfl.federation import build_federation, resolve_device
 from mcfl.io import (OUTPUTS, config_hash, csv_text, git_revision, remove_stale_temps, rows_csv, state_on,
                      write_bytes, write_json)
-from mcfl.paths import refuse_overlap
 from mcfl.precision import precision_ran
 from mcfl.timing import COLUMNS as TIME_COLUMNS, LocalClock
 from mcfl.track import NullTracker
@@ -276,7 +275,9 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
         raise ValueError(f"{out_dir}: --out must be a directory, not a file")
     run_hash = config_hash({k: run[k] for k in ("dataset", "method", "params", "model", "train", "seed")})
     if ckpt_path:
-        refuse_overlap([ckpt_path], [out_dir / name for name in RESULTS], flag="--checkpoint")
+        if ckpt_path.resolve() in {(out_dir / name).resolve() for name in RESULTS}:
+            raise ValueError(f"{ckpt_path}: --checkpoint is one of the run's outputs in --out; give the "
+                             f"checkpoint a path of its own")
         refuse_foreign_checkpoint(ckpt_path, run, run_hash)
     for name in RESULTS:                    # a stale result must not outlive a failed rerun
         (out_dir / name).unlink(missing_ok=True)
