@@ -367,10 +367,15 @@ def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
     """A run's ``metrics.json``, checked: a JSON object whose names (:data:`NAME_KEYS`, where
     present) are plain names (:func:`mcfl.paths.plain_name`); otherwise a one-line ValueError
     naming the file (a truncated or binary file, a ``dataset`` of ``../../x``)."""
+    return parse_metrics(Path(path).read_bytes(), path)
+
+
+def parse_metrics(raw: bytes, path: str | os.PathLike) -> dict[str, Any]:
+    """:func:`read_metrics` of the bytes ``raw`` read from ``path``."""
     from mcfl.paths import plain_name
 
     try:
-        m = json.loads(Path(path).read_bytes().decode("utf-8"))
+        m = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"{path}: not a run's metrics (not UTF-8 JSON: {' '.join(str(e).split())[:100]})") from None
     if not isinstance(m, dict):

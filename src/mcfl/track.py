@@ -145,17 +145,75 @@ def store_lock(purpose: str, uri: str | None = None):
 
 def _client():
     """An MLflow client; opened under the store's ``init`` lock, since opening a sqlite store
-    creates or migrates its tables."""
+    creates or migrates its tables. A new sqlite store is made whole first (:func:`_new_sqlite`)."""
+    uri = tracking_uri()
+    _not_a_directory(uri)                       # before MLflow's import: at once
     from mlflow import MlflowClient
 
-    uri = tracking_uri()
+    quiet_mlflow()                              # after it: MLflow sets its loggers when imported
     try:
         if not uri.startswith("sqlite:"):
             return MlflowClient(tracking_uri=uri)
         with store_lock("init", uri):
+            _new_sqlite(uri)
             return MlflowClient(tracking_uri=uri)
     except Exception as e:  # noqa: BLE001 - sqlalchemy, sqlite, MLflow's URI registry, OSError
         raise tracking_error(e, uri) from e
+
+
+#: the loggers of MLflow and the libraries under it, whose messages (tracebacks of a full disk,
+#: retries, migrations) stay off the user's screen: the one-line TrackingError says what failed
+MLFLOW_LOGGERS = ("mlflow", "alembic", "sqlalchemy")
+
+
+def quiet_mlflow() -> None:
+    """Keep MLflow's own log lines off stderr: its loggers show only CRITICAL messages, unless
+    ``mcfl -v`` (the ``mcfl`` logger at DEBUG) asks for everything."""
+    if log.getEffectiveLevel() <= logging.DEBUG:
+        return
+    for name in MLFLOW_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URI (None for an in-memory or another store)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?")[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def _not_a_directory(uri: str) -> None:
+    path = _sqlite_file(uri)
+    if path is not None and path.is_dir():
+        raise TrackingError(f"MLflow tracking store {uri}: {path} is a directory, not a database file; "
+                            f"point MLFLOW_TRACKING_URI at a file, e.g. sqlite:///{path / 'mlflow.db'}")
+
+
+def _new_sqlite(uri: str) -> None:
+    """Before MLflow opens a sqlite store: a path that is a directory fails at once (MLflow would
+    retry for minutes); a store that does not exist yet (or is an empty file) is created with its
+    tables under a temporary name and renamed into place, so a kill while MLflow creates the tables
+    leaves no half-migrated database behind (and the next run makes it again)."""
+    path = _sqlite_file(uri)
+    if path is None:
+        return
+    _not_a_directory(uri)
+    if path.exists() and path.stat().st_size > 0:
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store
+
+    from mcfl.io import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp_uri = f"sqlite:///{tmp}"
+        try:
+            _get_sqlalchemy_store(tmp_uri, None)            # MLflow's own defaults: tables, Default
+        finally:
+            engine = SqlAlchemyStore._engine_map.pop(tmp_uri, None)
+            if engine is not None:
+                engine.dispose()
 
 
 def experiment_id(client, name: str, differing: Iterable[str] | None = None) -> str:
