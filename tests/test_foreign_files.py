@@ -1,5 +1,5 @@
 """No command overwrites or deletes a file it did not create: ``mcfl train --checkpoint`` takes only
-a missing file or this run's own checkpoint (mcfl.runner.refuse_foreign_checkpoint)."""
+a missing file or this run's own checkpoint (mcfl.checkpoints.refuse_foreign_checkpoint)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 
 from conftest import make_run
 from mcfl import cli
-from mcfl.runner import checkpoint_owner, refuse_foreign_checkpoint, train
+from mcfl.checkpoints import checkpoint_owner, refuse_foreign_checkpoint
+from mcfl.runner import train
 
 
 def _torch_bytes(obj) -> bytes:

@@ -1,4 +1,4 @@
-"""Experiment tracking. Only this module and :mod:`mcfl.record` import MLflow; everything else calls a :class:`Tracker`.
+"""Experiment tracking. Only this module, :mod:`mcfl.track_store` and :mod:`mcfl.record` import MLflow; everything else calls a :class:`Tracker`.
 
 Store: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<cwd>/mlflow.db`` (absolute, so jobs that
 change directory still find it); artifacts under ``<cwd>/mlartifacts`` (a server keeps its own).
@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-
+from mcfl.track_store import TrackingError, create_sqlite_store, quiet_mlflow, refuse_directory
 
 log = logging.getLogger("mcfl")
 SWEEP_ENV = "MCFL_SWEEP"        # this invocation's name, tagged `sweep` on every run
@@ -67,10 +67,6 @@ VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
 METRICS = ("micro_acc", "macro_acc", "micro_f1", "macro_f1", "ari")
 #: the run settings it shows (params), then those that differ between the experiment's runs
 PARAMS = ("dataset", "method", "params.K", "seed")
-
-
-class TrackingError(ConnectionError):
-    """The tracking store cannot be used; the message is one line naming the URI and what to do."""
 
 
 def tracking_error(e: BaseException, uri: str | None = None) -> TrackingError:
@@ -145,9 +141,10 @@ def store_lock(purpose: str, uri: str | None = None):
 
 def _client():
     """An MLflow client; opened under the store's ``init`` lock, since opening a sqlite store
-    creates or migrates its tables. A new sqlite store is made whole first (:func:`_new_sqlite`)."""
+    creates or migrates its tables. A new sqlite store is made whole first
+    (:func:`mcfl.track_store.create_sqlite_store`)."""
     uri = tracking_uri()
-    _not_a_directory(uri)                       # before MLflow's import: at once
+    refuse_directory(uri)                       # before MLflow's import: at once
     from mlflow import MlflowClient
 
     quiet_mlflow()                              # after it: MLflow sets its loggers when imported
@@ -155,65 +152,10 @@ def _client():
         if not uri.startswith("sqlite:"):
             return MlflowClient(tracking_uri=uri)
         with store_lock("init", uri):
-            _new_sqlite(uri)
+            create_sqlite_store(uri)
             return MlflowClient(tracking_uri=uri)
     except Exception as e:  # noqa: BLE001 - sqlalchemy, sqlite, MLflow's URI registry, OSError
         raise tracking_error(e, uri) from e
-
-
-#: the loggers of MLflow and the libraries under it, whose messages (tracebacks of a full disk,
-#: retries, migrations) stay off the user's screen: the one-line TrackingError says what failed
-MLFLOW_LOGGERS = ("mlflow", "alembic", "sqlalchemy")
-
-
-def quiet_mlflow() -> None:
-    """Keep MLflow's own log lines off stderr: its loggers show only CRITICAL messages, unless
-    ``mcfl -v`` (the ``mcfl`` logger at DEBUG) asks for everything."""
-    if log.getEffectiveLevel() <= logging.DEBUG:
-        return
-    for name in MLFLOW_LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
-def _sqlite_file(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///PATH`` URI (None for an in-memory or another store)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri[len("sqlite:///"):].split("?")[0]
-    return Path(path) if path and path != ":memory:" else None
-
-
-def _not_a_directory(uri: str) -> None:
-    path = _sqlite_file(uri)
-    if path is not None and path.is_dir():
-        raise TrackingError(f"MLflow tracking store {uri}: {path} is a directory, not a database file; "
-                            f"point MLFLOW_TRACKING_URI at a file, e.g. sqlite:///{path / 'mlflow.db'}")
-
-
-def _new_sqlite(uri: str) -> None:
-    """Before MLflow opens a sqlite store: a path that is a directory fails at once (MLflow would
-    retry for minutes); a store that does not exist yet (or is an empty file) is created with its
-    tables under a temporary name and renamed into place, so a kill while MLflow creates the tables
-    leaves no half-migrated database behind (and the next run makes it again)."""
-    path = _sqlite_file(uri)
-    if path is None:
-        return
-    _not_a_directory(uri)
-    if path.exists() and path.stat().st_size > 0:
-        return
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-    from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store
-
-    from mcfl.io import atomic_path
-
-    with atomic_path(path) as tmp:
-        tmp_uri = f"sqlite:///{tmp}"
-        try:
-            _get_sqlalchemy_store(tmp_uri, None)            # MLflow's own defaults: tables, Default
-        finally:
-            engine = SqlAlchemyStore._engine_map.pop(tmp_uri, None)
-            if engine is not None:
-                engine.dispose()
 
 
 def experiment_id(client, name: str, differing: Iterable[str] | None = None) -> str:
