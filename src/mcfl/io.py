@@ -342,18 +342,16 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
     d = Path(run_dir)
     m = read_metrics(d / "metrics.json")
     m["dir"] = d
-    if history or predictions or clusters:
-        import pandas as pd
     if history:
         m["history"] = read_csv(d / "history.csv")
     if predictions and (d / "predictions.csv").is_file():
-        p = pd.read_csv(d / "predictions.csv", usecols=lambda c: c in ("client", "y", "pred"),
+        p = read_csv(d / "predictions.csv", usecols=lambda c: c in ("client", "y", "pred"),
                         dtype={"client": str})
         m["y"], m["hit"] = p["y"].to_numpy(), (p["y"] == p["pred"]).to_numpy()
         if "client" in p:
             m["client"] = p["client"].to_numpy()
     if clusters and (d / "assignments.csv").is_file():
-        a = pd.read_csv(d / "assignments.csv", dtype={"client": str}).dropna(subset=["cluster"])
+        a = read_csv(d / "assignments.csv", dtype={"client": str}).dropna(subset=["cluster"])
         if len(a):
             m["cluster_of"] = dict(zip(a["client"], a["cluster"].astype(int)))
     return m
