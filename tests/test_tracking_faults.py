@@ -118,3 +118,19 @@ def test_mcfl_track_names_a_damaged_run_file(damage, store_uri, tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"mcfl track: error: {f}: not a") and "\n" not in err
     assert not (tmp_path / "t.tsv").exists()
+
+
+def test_an_experiment_that_cannot_be_created_on_a_full_disk_is_one_line(store_uri):
+    """MLflow's create_experiment fails on the full disk and no other process made it: the store's
+    fault is the error (it once fell through to an AttributeError on the missing experiment)."""
+    import sqlite3
+
+    class FullDisk:
+        def get_experiment_by_name(self, name):
+            return None
+
+        def create_experiment(self, *args, **kwargs):
+            raise sqlite3.OperationalError("database or disk is full")
+
+    with pytest.raises(TrackingError, match=rf"^MLflow tracking store {store_uri}: the disk is full; free space"):
+        experiment_id(FullDisk(), "new")
