@@ -134,3 +134,15 @@ def test_an_experiment_that_cannot_be_created_on_a_full_disk_is_one_line(store_u
 
     with pytest.raises(TrackingError, match=rf"^MLflow tracking store {store_uri}: the disk is full; free space"):
         experiment_id(FullDisk(), "new")
+
+
+def test_what_a_sigkill_left_while_creating_the_store_is_cleared(tmp_path, monkeypatch):
+    """A SIGKILL during the creation leaves the temporary database and SQLite's journal beside it
+    (no mlflow.db): the next run removes both and creates the store."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    half = tmp_path / ".mlflow.db.999999999.x1.tmp"          # no such process
+    half.write_bytes(b"SQLite format 3\x00half")
+    (tmp_path / (half.name + "-journal")).write_bytes(b"journal")
+    assert experiment_id(_client(), "again") == "1"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

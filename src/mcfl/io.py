@@ -144,7 +144,8 @@ def remove_stale_temps(path: str | os.PathLike) -> None:
     if not path.parent.is_dir():
         return
     for tmp in path.parent.iterdir():
-        if not (tmp.name.startswith(f".{path.name}.") and tmp.name.endswith(".tmp")):
+        # (``.tmp-journal``: SQLite's journal beside a temporary database, mcfl.track_store)
+        if not (tmp.name.startswith(f".{path.name}.") and tmp.name.endswith((".tmp", ".tmp-journal"))):
             continue
         pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
         if not pid.isdigit() or _alive(int(pid)):       # another file's temporary, or a live writer
