@@ -146,3 +146,20 @@ def test_what_a_sigkill_left_while_creating_the_store_is_cleared(tmp_path, monke
     (tmp_path / (half.name + "-journal")).write_bytes(b"journal")
     assert experiment_id(_client(), "again") == "1"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("cell, column", [("../../escape", "eval_s"), ("x", "round")])
+def test_mcfl_track_names_a_history_cell_that_is_not_a_number(cell, column, store_uri, tmp_path, capsys):
+    run = _fake_run(tmp_path / "runs" / "r", config={"dataset": "digits"}, wall_s=2.0)
+    (run / "history.csv").write_text(f"round,train_loss,eval_s\n1,1.0,0.1\n{cell if column == 'round' else 2},"
+                                     f"0.9,{cell if column == 'eval_s' else 0.2}\n")
+    assert cli.main(["track", "--experiment", "e", "--out", str(tmp_path / "t.tsv"), str(run)]) == 1
+    assert capsys.readouterr().err.strip() == (f"mcfl track: error: {run / 'history.csv'}: {column}: "
+                                               f"{cell!r} is not a number")
+
+
+def test_mcfl_track_names_metrics_of_the_wrong_type(store_uri, tmp_path, capsys):
+    run = _fake_run(tmp_path / "runs" / "r", config=[1], wall_s=2.0)
+    assert cli.main(["track", "--experiment", "e", "--out", str(tmp_path / "t.tsv"), str(run)]) == 1
+    assert capsys.readouterr().err.strip() == (f"mcfl track: error: {run / 'metrics.json'}: config is list, "
+                                               f"not an object")
