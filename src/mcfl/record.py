@@ -6,7 +6,6 @@ its faults and the live :class:`~mcfl.track.MLflowTracker` are :mod:`mcfl.track`
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shlex
@@ -14,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from mcfl.io import OUTPUTS
+from mcfl.io import OUTPUTS, parse_metrics, read_csv
 from mcfl.track import (VIEW_KEY, MLflowTracker, _client, _ms, _retry, check_server, differing_settings,
                         experiment_id, store_lock, tracking_uri)
 from mcfl.tracked_runs import UI_PAGE
@@ -51,10 +50,47 @@ def _round_times(rows: list[dict], start_s: float) -> list[int]:
     return out
 
 
+def _check_recordable(d: Path, m: dict) -> None:
+    """What recording reads of ``metrics.json`` has its type, else a ValueError naming the key."""
+    f = d / "metrics.json"
+    if not isinstance(m["config"], dict):
+        raise ValueError(f"{f}: config is {type(m['config']).__name__}, not an object")
+    for key in ("run_hash", "data_hash", "git"):
+        if not isinstance(m.get(key), str):
+            raise ValueError(f"{f}: {key}: {'missing' if key not in m else 'not a string'}; not a finished "
+                             f"run's metrics (rerun the training job to record it)")
+    missing = [k for k in ("dataset", "method", "label", "seed", "params") if k not in m["config"]]
+    if missing or not isinstance(m["config"]["params"], dict):
+        raise ValueError(f"{f}: config: {'missing ' + ', '.join(missing) if missing else 'params is not an object'}")
+    wall = m.get("wall_s")
+    if wall is not None and (isinstance(wall, bool) or not isinstance(wall, (int, float))):
+        raise ValueError(f"{f}: wall_s: {wall!r:.40} is not a number")
+
+
+def _history(path: Path) -> list[dict]:
+    """``history.csv``'s rows, its ``round`` and time columns checked to be numbers (the other
+    columns are metrics, which are recorded where they are numbers, and ``diverged``'s text);
+    otherwise a ValueError naming the file, the column and the value."""
+    import pandas as pd
+
+    from mcfl.timing import COLUMNS
+
+    h = read_csv(path)
+    if "round" not in h:
+        raise ValueError(f"{path}: no round column; not a run's history")
+    for col in ("round", *COLUMNS):
+        if col not in h:
+            continue
+        numbers = pd.to_numeric(h[col], errors="coerce")
+        bad = h[col][numbers.isna() & (h[col].notna() | (col == "round"))]
+        if len(bad):
+            raise ValueError(f"{path}: {col}: {bad.iloc[0]!r:.40} is not a number")
+        h[col] = numbers
+    return h.to_dict("records")
+
+
 def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tuple[str, str]]:
     import math
-
-    import pandas as pd
 
     client = _client()
     exp = experiment_id(client, experiment)
@@ -80,15 +116,16 @@ def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tu
     for d in map(Path, run_dirs):
         raw = (d / "metrics.json").read_bytes()
         key = hashlib.sha256(raw).hexdigest()[:32]
-        m = json.loads(raw)
+        m = parse_metrics(raw, d / "metrics.json")     # a damaged file: one line naming it
         if key in known or m.get("run_hash") in live:
             out.append((str(d), known.get(key) or live[m["run_hash"]]))
             continue
         if "config" not in m:
             raise ValueError(f"{d / 'metrics.json'}: no 'config' (written by an older mcfl); "
                              f"rerun the training job to record it")
+        _check_recordable(d, m)
         rows = [{k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
-                for row in pd.read_csv(d / "history.csv").to_dict("records")]
+                for row in _history(d / "history.csv")]
         end_s = (d / "metrics.json").stat().st_mtime
         start_s = end_s - float(m.get("wall_s") or 0.0)
         t = MLflowTracker(experiment, client=client, defer=False, run_dir=d)
