@@ -50,6 +50,10 @@ class Estimate:
     runs: list[RunCost]
     device: str
     sizes: dict[str, DataSize]
+    notes: list[str] = dataclasses.field(default_factory=list)   # what the machine cannot do
+    jobs: list[Job] = dataclasses.field(default_factory=list)    # to pack on the cores (makespan)
+    start_s: float = 0.0            # a job's process start-up, in each job's seconds
+    scope: str = "every run"        # which runs are counted
 
     @property
     def total_s(self) -> float:
@@ -59,13 +63,14 @@ class Estimate:
         """Lines for a terminal: the total, per dataset and label (``detail``), and a hint when
         it is long."""
         if not self.runs:
-            return "estimated cost: no training runs to do"
+            return "\n".join(["estimated cost: no training runs to do", *self.notes])
         rounds = sorted({r.rounds for r in self.runs})
-        lines = [f"estimated cost on this machine ({self.device}, one thread a job): "
+        lines = [f"estimated cost on this machine ({self.device}, one thread a job) of {self.scope}: "
                  f"{len(self.runs)} training runs x {_span(rounds)} rounds = "
                  f"{duration(self.total_s)} of training, one job at a time"
-                 + (f"; about {duration(self.total_s / cores)} on {cores} cores"
-                    if cores and cores > 1 and len(self.runs) > 1 else "")]
+                 + (f"; about {duration(self.wall_s(cores))} on {cores} cores ({len(self.jobs)} jobs "
+                    f"in the order they wait for each other, {self.start_s:.0f} s to start each)"
+                    if cores and self.jobs else "")]
         by: dict[tuple, list[RunCost]] = {}
         for r in (self.runs if detail else []):
             by.setdefault((r.dataset, r.label), []).append(r)
@@ -79,10 +84,15 @@ class Estimate:
             if detail and s.origin != "prepared store":
                 lines.append(f"  ({name}: sizes from {s.origin}: {s.n_clients} clients, "
                              f"{s.n_train} training samples)")
+        lines += self.notes
         hint = self.hint()
         if hint:
             lines.append(hint)
         return "\n".join(lines)
+
+    def wall_s(self, cores: int) -> float:
+        """Seconds the jobs take on ``cores`` cores, start-ups included (:func:`makespan`)."""
+        return makespan(self.jobs, cores)
 
     def hint(self) -> str:
         """Advice when the estimate exceeds an hour."""
@@ -133,47 +143,177 @@ def n_params(model: dict, size: DataSize) -> int:
     return sum(p.numel() for p in net.parameters())
 
 
+#: one job of Snakemake's DAG as :func:`estimate` reads it: its rule's name, its wildcards, and the
+#: indices (in the same list) of the jobs it waits for
+DagJob = tuple[str, dict, tuple[int, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A workflow job as the estimate schedules it: its seconds and the ids of the jobs it waits for."""
+    id: str
+    seconds: float
+    after: tuple[str, ...] = ()
+
+
 def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, DataSize] | None = None,
-             pending: bool = False) -> Estimate:
+             pending: bool = False, dag: list[DagJob] | None = None,
+             start_s: float | None = None) -> Estimate:
     """The cost of a validated config's runs on this machine (see the module docstring).
-    ``pending``: only the runs not finished yet (no metrics.json in their run directory).
-    ``timer`` and ``sizes`` replace the measurement and the data sizes (tests)."""
-    from mcfl.cluster.spec import centre_key
+
+    Which runs: every run of the config; with ``pending``, those without a ``metrics.json`` in
+    their run directory; with ``dag``, the jobs Snakemake will run (its DAG's jobs that need to
+    run: the training jobs, centre files and first local models among them, and as many other jobs,
+    each costing a start-up). The jobs are packed on the cores in the order of their dependencies
+    (:func:`makespan`). ``start_s``: a job's process start-up (default: measured,
+    :func:`measure_startup`). ``timer`` and ``sizes`` replace the measurement and the data sizes
+    (tests)."""
     from mcfl.plan import Plan
 
     plan = Plan(cfg)
     device = _device(cfg.get("device", "auto"))
+    if start_s is None and timer is not None:             # a test's timer: no start-ups either
+        start_s = 0.0
     timer = timer or measure_step
     sizes = dict(sizes or {})
     for name, ds in cfg["datasets"].items():
         if name not in sizes:
             sizes[name] = data_size(ds, Path(plan.store(name)), Path(plan.raw_store(name)))
+    wanted = _dag_outputs(plan, dag) if dag is not None else None
     measured: dict[str, tuple[float, float]] = {}
-    centres: set[tuple] = set()
-    out = []
-    for run in plan.runs.values():
+    jobs: dict[str, Job] = {}
+    out, notes = [], []
+    for key, run in plan.runs.items():
         if pending and (Path(plan.dir_of(run)) / "metrics.json").exists():
+            continue
+        if wanted is not None and _train_id(plan, key) not in wanted:
             continue
         size = sizes[run["dataset"]]
         train = {**train_defaults(), **run["train"]}
         group = batched_group(train, size, run["params"])
-        batch = int(train["batch_size"]) * group
-        key = json.dumps([run["model"], size.x_shape, size.n_classes, batch], sort_keys=True)
-        if key not in measured:
+        batch = step_rows(train, size) * group
+        mkey = json.dumps([run["model"], size.x_shape, size.n_classes, batch], sort_keys=True)
+        if mkey not in measured:
             step_s, sample_s = timer(run["model"], tuple(size.x_shape), size.n_classes, batch, device)
-            measured[key] = (step_s / group, sample_s)
-        init = 0
-        if run.get("needs_centres"):
-            ck = (run["dataset"], run["seed"], centre_key(run))
-            first = plan.training.first_path(run)     # first local models made once for several files
-            if first:
-                init = int(first not in centres)
-                centres.add(first)
-            elif ck not in centres:
-                init = init_passes(size.n_clients, n_params(run["model"], size))
-            centres.add(ck)
-        out.append(run_cost(run, size, *measured[key], init_passes=init))
-    return Estimate(out, device, sizes)
+            measured[mkey] = (step_s / group, sample_s)
+        for note in batch_notes(run["dataset"], train, size, batch, device):
+            notes += [note] if note not in notes else []
+        charged, init = _init_job(plan, run, size, jobs, wanted)
+        cost = run_cost(run, size, *measured[mkey], init_passes=init)
+        out.append(cost)
+        if charged:
+            jobs[charged] = dataclasses.replace(jobs[charged], seconds=cost.init_s)
+        tid = _train_id(plan, key)
+        before = jobs.get(tid, Job(tid, 0.0))
+        centres = plan.training.init_path(run) if run.get("needs_centres") else None
+        after = before.after + ((centres,) if centres in jobs and centres not in before.after else ())
+        jobs[tid] = Job(tid, before.seconds + cost.total_s - cost.init_s, after)
+    if dag is not None:
+        jobs = _dag_jobs(plan, dag, jobs)
+    start = measure_startup() if start_s is None and jobs else (start_s or 0.0)
+    jobs = {i: dataclasses.replace(j, seconds=j.seconds + start) for i, j in jobs.items()}
+    return Estimate(out, device, sizes, notes, list(jobs.values()), start,
+                    "the jobs Snakemake will run" if dag is not None else
+                    "runs without results" if pending else "every run, as from an empty results folder")
+
+
+def _train_id(plan, key: tuple) -> str:
+    """The id of the training job that trains run ``key`` (one job for all seeds of a grouped run)."""
+    d, r, s = key
+    return f"train {d} {r}" if r in plan.training.grouped else f"train {d} {r} {s}"
+
+
+def _init_job(plan, run: dict, size: DataSize, jobs: dict[str, Job],
+              wanted: dict | None) -> tuple[str | None, int]:
+    """Add the centre file ``run`` waits for (and the first local models it clusters) to ``jobs``
+    when it is to be made and not there yet; return the job that the centre initialisation's
+    training is charged to (None: none) and its passes over every client."""
+    if not run.get("needs_centres"):
+        return None, 0
+    centres, first = plan.training.init_path(run), plan.training.first_path(run)
+    if centres in jobs or (wanted is not None and centres not in wanted):
+        return None, 0
+    charged, passes = None, 0
+    if first and first not in jobs and (wanted is None or first in wanted):
+        jobs[first] = Job(first, 0.0)
+        charged, passes = first, 1            # the shared file's models, trained once
+    elif not first:
+        charged, passes = centres, init_passes(size.n_clients, n_params(run["model"], size))
+    jobs[centres] = Job(centres, 0.0, (first,) if first in jobs else ())
+    return charged, passes
+
+
+def _dag_outputs(plan, dag: list[DagJob]) -> set[str]:
+    """The ids (:func:`_train_id`, centre and first-models paths) of the DAG's training, centre and
+    first-models jobs."""
+    return {i for i in (_dag_id(plan, rule, wc) for rule, wc, _ in dag) if i}
+
+
+def _dag_id(plan, rule: str, wc: dict) -> str | None:
+    if rule == "train":
+        return f"train {wc['dataset']} {wc['run']} {wc['seed']}"
+    if rule == "train_seeds":
+        return f"train {wc['dataset']} {wc['run']}"
+    if rule == "init_centres":
+        return plan.training.init_file.format(**wc)
+    if rule == "first_models":
+        return plan.training.first_models_file.format(**wc)
+    return None
+
+
+def _dag_jobs(plan, dag: list[DagJob], costed: dict[str, Job]) -> dict[str, Job]:
+    """Every job of the DAG, with the seconds of the costed job of its id (none for the others: a
+    start-up) and the DAG's dependencies."""
+    ids = [_dag_id(plan, rule, wc) or f"{rule} #{i}" for i, (rule, wc, _) in enumerate(dag)]
+    out = {}
+    for i, (_, _, deps) in enumerate(dag):
+        seconds = costed[ids[i]].seconds if ids[i] in costed else 0.0
+        out[ids[i]] = Job(ids[i], seconds, tuple(dict.fromkeys(ids[d] for d in deps)))
+    return out
+
+
+def makespan(jobs: list[Job], cores: int) -> float:
+    """Seconds until the last of ``jobs`` ends on ``cores`` cores, each job on one core after the
+    jobs it waits for (ids not among ``jobs`` are done already), by list scheduling: whenever a
+    core is free the ready job with the longest chain of work still behind it starts, as the
+    workflow's priorities order them (:mod:`mcfl.plan.train`)."""
+    import heapq
+
+    by_id = {j.id: j for j in jobs}
+    waits = {j.id: {a for a in j.after if a in by_id and a != j.id} for j in jobs}
+    users: dict[str, list[str]] = {i: [] for i in by_id}
+    for i, w in waits.items():
+        for a in w:
+            users[a].append(i)
+    chain: dict[str, float] = {}
+    for i in _topological(waits, users)[::-1]:
+        chain[i] = by_id[i].seconds + max((chain[u] for u in users[i]), default=0.0)
+    ready = [(-chain[i], i) for i, w in waits.items() if not w]
+    heapq.heapify(ready)
+    running: list[tuple[float, str]] = []
+    now = 0.0
+    while ready or running:
+        while ready and len(running) < max(1, cores):
+            _, i = heapq.heappop(ready)
+            heapq.heappush(running, (now + by_id[i].seconds, i))
+        now, done = heapq.heappop(running)
+        for u in users[done]:
+            waits[u].discard(done)
+            if not waits[u]:
+                heapq.heappush(ready, (-chain[u], u))
+    return now
+
+
+def _topological(waits: dict[str, set], users: dict[str, list]) -> list[str]:
+    """The ids of ``waits`` in an order where each comes after those it waits for."""
+    left = {i: len(w) for i, w in waits.items()}
+    order = [i for i, n in left.items() if not n]
+    for i in order:
+        for u in users[i]:
+            left[u] -= 1
+            if not left[u]:
+                order.append(u)
+    return order
 
 
 #: the batched executor's steps are timed as one step of at most this many clients' batches ...
@@ -191,7 +331,7 @@ def batched_group(train: dict, size: DataSize, params: dict | None = None) -> in
         return 1
     clients = min(round_clients({"train": train, "params": params or {}}, size.n_clients),
                   train.get("executor_chunk") or size.n_clients)
-    values = int(train["batch_size"]) * math.prod(size.x_shape)
+    values = step_rows(train, size) * math.prod(size.x_shape)
     return max(1, min(clients, BATCHED_GROUP, BATCHED_VALUES // max(1, values)))
 
 
@@ -203,14 +343,56 @@ def _device(device: str) -> str:
     return device if (not device.startswith("cuda") or torch.cuda.is_available()) else "cpu"
 
 
+#: the timed batch (the probe) is at most this many samples ...
+PROBE_ROWS = 1024
+#: ... and this many input values (8 MB of float32); a larger batch's step is scaled linearly
+PROBE_VALUES = 2_000_000
+
+
+def probe_rows(batch_size: int, x_shape: tuple) -> int:
+    """The samples :func:`measure_step` times a step on for a batch of ``batch_size``: at most
+    :data:`PROBE_ROWS` and :data:`PROBE_VALUES` input values, so that an estimate never allocates
+    more than this probe whatever the config's ``batch_size``."""
+    return max(1, min(int(batch_size), PROBE_ROWS, PROBE_VALUES // max(1, math.prod(x_shape))))
+
+
+def step_rows(train: dict, size: DataSize) -> int:
+    """The samples of a local step: ``batch_size``, or a client's whole training set (the mean
+    client's) when that is smaller: a batch never holds more rows than its client has."""
+    per_client = math.ceil(size.n_train / max(1, size.n_clients))
+    return max(1, min(int(train["batch_size"]), per_client))
+
+
+def batch_notes(dataset: str, train: dict, size: DataSize, rows: int, device: str) -> list[str]:
+    """One line each for what a run's batch size asks of the data and the machine: a
+    ``batch_size`` that ``mcfl train`` refuses (:func:`mcfl.bounds.check_run`: more than the
+    largest client's samples), and a local step's batch plan and inputs that do not fit in the
+    device's free memory."""
+    from mcfl.bounds import F32, FULL_BATCH_SLACK, I64, _gb, available_memory
+
+    B, out = int(train["batch_size"]), []
+    if B > max(size.n_train, FULL_BATCH_SLACK):
+        out.append(f"note: {dataset}: train.batch_size {B} is more than all {size.n_train} training "
+                   f"samples together: `mcfl train` will refuse it (at most the largest client's "
+                   f"samples, which is the full batch); estimated as the full batch")
+    need = B * I64 + rows * (math.prod(size.x_shape) * F32 + I64)   # a client's batch plan, a batch
+    free = available_memory(device)
+    if free is not None and need > free:
+        out.append(f"note: {dataset}: a local step with train.batch_size {B} needs at least "
+                   f"{_gb(need)} but {device} has {_gb(free)} free; lower train.batch_size")
+    return out
+
+
 def measure_step(model: dict, x_shape: tuple, n_classes: int, batch_size: int, device: str,
                  repeats: int = 3) -> tuple[float, float]:
-    """Seconds per local SGD step on a random batch and seconds per test sample (forward pass),
-    medians of ``repeats`` after one warm-up, with one CPU thread."""
+    """Seconds per local SGD step on a random batch of ``batch_size`` samples and seconds per test
+    sample (forward pass), medians of ``repeats`` after one warm-up, with one CPU thread. The step
+    is timed on :func:`probe_rows` samples and scaled linearly to ``batch_size``."""
     import torch
 
     from mcfl import models
 
+    rows = probe_rows(batch_size, x_shape)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -218,15 +400,15 @@ def measure_step(model: dict, x_shape: tuple, n_classes: int, batch_size: int, d
         net = models.build(model["name"], x_shape, n_classes,
                            **{k: v for k, v in model.items() if k != "name"}).to(device)
         opt = torch.optim.SGD(net.parameters(), lr=0.01)
-        x = torch.rand((batch_size, *x_shape), generator=g).to(device)
-        y = torch.randint(n_classes, (batch_size,), generator=g).to(device)
+        x = torch.rand((rows, *x_shape), generator=g).to(device)
+        y = torch.randint(n_classes, (rows,), generator=g).to(device)
 
         def step():
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(x), y).backward()
             opt.step()
 
-        train = _timed(step, repeats, device)
+        train = _timed(step, repeats, device) * batch_size / rows
         n = 64
         xt = torch.rand((n, *x_shape), generator=g).to(device)
         with torch.no_grad():
@@ -234,6 +416,25 @@ def measure_step(model: dict, x_shape: tuple, n_classes: int, batch_size: int, d
         return train, test
     finally:
         torch.set_num_threads(threads)
+
+
+#: what a workflow job's process imports before it works (``mcfl train`` and its kin)
+JOB_IMPORTS = "import torch, mcfl.cli.commands, mcfl.runner, mcfl.federation, mcfl.evaluation"
+
+
+def measure_startup(imports: str = JOB_IMPORTS) -> float:
+    """Seconds a workflow job's process takes to start: a fresh Python importing what ``mcfl
+    train`` imports (PyTorch and the package), timed once here (0 when it cannot start)."""
+    import subprocess
+    import sys
+
+    t = time.perf_counter()
+    try:
+        subprocess.run([sys.executable, "-c", imports], check=True, timeout=120,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return 0.0
+    return time.perf_counter() - t
 
 
 def _timed(fn, repeats: int, device: str) -> float:

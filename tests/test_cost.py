@@ -1,0 +1,78 @@
+"""The cost estimate (`mcfl.cost`): a bounded probe whatever the batch size, the jobs Snakemake will
+run, and their packing on the cores in the order they wait for each other."""
+
+import pytest
+import yaml
+
+from mcfl.config import validate
+
+
+def _recording_build(monkeypatch):
+    """Record the batch shapes every model built by `mcfl.models.build` is called on."""
+    from mcfl import models
+
+    shapes, build = [], models.build
+
+    def recording(*args, **kwargs):
+        net = build(*args, **kwargs)
+        net.register_forward_pre_hook(lambda module, inputs: shapes.append(tuple(inputs[0].shape)))
+        return net
+
+    monkeypatch.setattr(models, "build", recording)
+    return shapes
+
+
+def test_a_huge_batch_is_timed_on_a_bounded_probe_and_scaled_linearly(monkeypatch):
+    from mcfl.cost import PROBE_ROWS, measure_step, probe_rows
+
+    shapes = _recording_build(monkeypatch)
+    step_s, sample_s = measure_step({"name": "logreg"}, (60,), 5, 10**9, "cpu", repeats=1)
+    assert shapes and max(s[0] for s in shapes) <= PROBE_ROWS
+    assert probe_rows(10**9, (60,)) == PROBE_ROWS
+    assert probe_rows(10**9, (3, 84, 84)) == 2_000_000 // (3 * 84 * 84) < PROBE_ROWS  # input values bound
+    assert probe_rows(10, (1, 28, 28)) == 10                                          # small: as asked
+    # the probe's step time, scaled to 10^9 rows: far more than the probe's own step
+    probe_s, _ = measure_step({"name": "logreg"}, (60,), 5, PROBE_ROWS, "cpu", repeats=1)
+    assert step_s > 1000 * probe_s and sample_s > 0
+
+
+def _own(tmp_path, **train):
+    return {"seeds": [0], "results": str(tmp_path / "res"), "data_dir": str(tmp_path / "data"),
+            "datasets": {"mine": {"prepare": {"source": "digits", "clients": 10, "clusters": 2},
+                                  "model": {"name": "digits_cnn"},
+                                  "train": {"rounds": 3, "local_epochs": 1, **train}}},
+            "methods": [{"method": "FedAvg"}, {"method": "FeSEM", "K": 2}]}
+
+
+def test_check_config_with_a_batch_of_a_billion_prints_an_estimate_and_one_note(tmp_path, monkeypatch, capsys):
+    """`batch_size: 1000000000` is a valid integer; the estimate times a step on at most a client's
+    samples (the batch a step really has), says in one line that `mcfl train` will refuse it, and
+    allocates nothing large."""
+    from mcfl import cost
+    from mcfl.cli import main
+
+    shapes = _recording_build(monkeypatch)
+    monkeypatch.setattr(cost, "measure_startup", lambda *a: 1.0)
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(_own(tmp_path, batch_size=1_000_000_000)))
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err
+    assert "estimated cost on this machine" in out.out and "every run, as from an empty results folder" in out.out
+    notes = [line for line in out.out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "train.batch_size 1000000000" in notes[0] and "refuse" in notes[0]
+    # digits: 1,438 training samples over 10 clients: a step holds at most the mean client's 144
+    assert shapes and max(s[0] for s in shapes) <= 144
+
+
+def test_a_batch_that_does_not_fit_in_memory_is_named(tmp_path, monkeypatch):
+    from mcfl import bounds
+    from mcfl.cost import estimate
+    from mcfl.workload import DataSize
+
+    monkeypatch.setattr(bounds, "available_memory", lambda device="cpu": 1 << 20)      # 1 MB free
+    size = DataSize((1, 8, 8), 10, n_clients=10, n_train=10**7, n_test=50, origin="test")
+    est = estimate(validate(_own(tmp_path, batch_size=10**6)), sizes={"mine": size},
+                   timer=lambda *a: (0.01, 0.001))
+    assert any("needs at least" in n and "lower train.batch_size" in n for n in est.notes)
+    assert est.notes[-1] in est.summary()
