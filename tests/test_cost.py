@@ -76,3 +76,50 @@ def test_a_batch_that_does_not_fit_in_memory_is_named(tmp_path, monkeypatch):
                    timer=lambda *a: (0.01, 0.001))
     assert any("needs at least" in n and "lower train.batch_size" in n for n in est.notes)
     assert est.notes[-1] in est.summary()
+
+
+def test_jobs_are_packed_on_the_cores_after_the_jobs_they_wait_for():
+    """By hand: a 10 s centre file that a 10 s run waits for, and four 2 s runs, on 2 cores. Total
+    work 28 s (14 s a core), but the long chain starts first and ends at 20 s."""
+    from mcfl.cost import Job, makespan
+
+    jobs = [Job("centres", 10.0), Job("long", 10.0, ("centres",))] + [Job(f"r{i}", 2.0) for i in range(4)]
+    assert makespan(jobs, 2) == pytest.approx(20.0)
+    assert makespan(jobs, 1) == pytest.approx(28.0)
+    assert makespan(jobs, 8) == pytest.approx(20.0)
+    # a job waiting for one that is done already (not among the jobs) starts at once
+    assert makespan([Job("run", 3.0, ("done before",))], 2) == pytest.approx(3.0)
+
+
+def _timer(model, shape, classes, batch, device):
+    return batch * 0.001, 0.001
+
+
+def test_the_dag_s_jobs_are_what_is_costed(tmp_path):
+    """With Snakemake's jobs (`dag`), only its training runs are costed, a centre file only when
+    its job is among them, and its other jobs cost a start-up each, in the DAG's order."""
+    from mcfl.cost import estimate
+    from mcfl.plan import Plan
+    from mcfl.workload import DataSize
+
+    cfg = validate(_own(tmp_path, batch_size=10))
+    size = {"mine": DataSize((1, 8, 8), 10, n_clients=10, n_train=200, n_test=50, origin="test")}
+    plan = Plan(cfg)
+    fesem = next(r for r in plan.runs.values() if r["method"] == "FeSEM")
+    centres = plan.training.init_path(fesem).split("/")
+    wc = {"dataset": "mine", "seed": "0"}
+    init = ("init_centres", {**wc, "centres": centres[-2]}, (0,))
+    dag = [("prepare", {"dataset": "mine"}, ()), init,
+           ("train", {**wc, "run": fesem["run_id"]}, (0, 1)), ("report", {}, (2,))]
+    every = estimate(cfg, timer=_timer, sizes=size)
+    assert [r.label for r in every.runs] == ["FedAvg", "FeSEM(2)"] and every.runs[1].init_s > 0
+    est = estimate(cfg, timer=_timer, sizes=size, dag=dag, start_s=1.0)
+    assert [r.label for r in est.runs] == ["FeSEM(2)"] and est.runs[0].init_s == every.runs[1].init_s
+    assert est.scope == "the jobs Snakemake will run" and len(est.jobs) == 4
+    # one core: every job one after the other, a start-up each
+    assert est.wall_s(1) == pytest.approx(est.total_s + 4 * 1.0)
+    # the centre file up to date: its job is not in the DAG, and the run is charged no initialisation
+    est = estimate(cfg, timer=_timer, sizes=size, dag=[dag[0], ("train", dag[2][1], (0,))], start_s=0.0)
+    assert est.runs[0].init_s == 0 and est.wall_s(2) == pytest.approx(est.total_s)
+    # nothing to run
+    assert estimate(cfg, timer=_timer, sizes=size, dag=[]).summary() == "estimated cost: no training runs to do"
