@@ -44,10 +44,12 @@ def _own(tmp_path, **train):
             "methods": [{"method": "FedAvg"}, {"method": "FeSEM", "K": 2}]}
 
 
+@pytest.mark.slow
 def test_check_config_with_a_batch_of_a_billion_prints_an_estimate_and_one_note(tmp_path, monkeypatch, capsys):
     """`batch_size: 1000000000` is a valid integer; the estimate times a step on at most a client's
     samples (the batch a step really has), says in one line that `mcfl train` will refuse it, and
-    allocates nothing large."""
+    allocates nothing large (its method probes included: they once padded a batch plan to 10^9
+    rows, 8 GB)."""
     from mcfl import cost
     from mcfl.cli import main
 
@@ -123,3 +125,14 @@ def test_the_dag_s_jobs_are_what_is_costed(tmp_path):
     assert est.runs[0].init_s == 0 and est.wall_s(2) == pytest.approx(est.total_s)
     # nothing to run
     assert estimate(cfg, timer=_timer, sizes=size, dag=[]).summary() == "estimated cost: no training runs to do"
+
+
+def test_the_method_probe_trains_batches_of_at_most_a_client_s_samples(tmp_path):
+    from mcfl.cost import _probe_store, _probe_train
+    from mcfl.workload import DataSize
+
+    size = DataSize((1, 8, 8), 10, n_clients=10, n_train=1438, n_test=50, origin="test")
+    data = _probe_store(tmp_path / "probe", size, n_clients=6, n_domains=2, rows=20)
+    assert data.n_clients == 6 and set(data.n_train()) == {20} and data.domain_train.max() <= 1
+    run = {"train": {"batch_size": 10**9, "clients_per_round": 3}}
+    assert _probe_train(run, data) == {"batch_size": 20, "clients_per_round": None, "clients_per_cluster": None}

@@ -158,7 +158,7 @@ class Job:
 
 def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, DataSize] | None = None,
              pending: bool = False, dag: list[DagJob] | None = None,
-             start_s: float | None = None) -> Estimate:
+             start_s: float | None = None, probe: bool | None = None) -> Estimate:
     """The cost of a validated config's runs on this machine (see the module docstring).
 
     Which runs: every run of the config; with ``pending``, those without a ``metrics.json`` in
@@ -166,28 +166,33 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
     run: the training jobs, centre files and first local models among them, and as many other jobs,
     each costing a start-up). The jobs are packed on the cores in the order of their dependencies
     (:func:`makespan`). ``start_s``: a job's process start-up (default: measured,
-    :func:`measure_startup`). ``timer`` and ``sizes`` replace the measurement and the data sizes
-    (tests)."""
-    from mcfl.plan import Plan
+    :func:`measure_startup`). ``probe``: time each method's round on a probe federation
+    (:func:`method_costs`; default: unless ``timer`` is given). ``timer`` and ``sizes`` replace the
+    measurement and the data sizes (tests)."""
+    from mcfl.plan import Plan, run_key
 
     plan = Plan(cfg)
     device = _device(cfg.get("device", "auto"))
     if start_s is None and timer is not None:             # a test's timer: no start-ups either
         start_s = 0.0
+    if probe is None:
+        probe = timer is None
     timer = timer or measure_step
     sizes = dict(sizes or {})
     for name, ds in cfg["datasets"].items():
         if name not in sizes:
             sizes[name] = data_size(ds, Path(plan.store(name)), Path(plan.raw_store(name)))
     wanted = _dag_outputs(plan, dag) if dag is not None else None
+    todo = [r for k, r in plan.runs.items() if (wanted is None or _train_id(plan, k) in wanted)
+            and not (pending and (Path(plan.dir_of(r)) / "metrics.json").exists())]
+    methods: dict[str, MethodCost] = {}
+    for name in dict.fromkeys(r["dataset"] for r in todo) if probe else ():
+        methods.update(method_costs([r for r in todo if r["dataset"] == name], sizes[name], device, timer))
     measured: dict[str, tuple[float, float]] = {}
     jobs: dict[str, Job] = {}
     out, notes = [], []
-    for key, run in plan.runs.items():
-        if pending and (Path(plan.dir_of(run)) / "metrics.json").exists():
-            continue
-        if wanted is not None and _train_id(plan, key) not in wanted:
-            continue
+    for run in todo:
+        key = run_key(run)
         size = sizes[run["dataset"]]
         train = {**train_defaults(), **run["train"]}
         group = batched_group(train, size, run["params"])
@@ -199,7 +204,8 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
         for note in batch_notes(run["dataset"], train, size, batch, device):
             notes += [note] if note not in notes else []
         charged, init = _init_job(plan, run, size, jobs, wanted)
-        cost = run_cost(run, size, *measured[mkey], init_passes=init)
+        cost = with_method(run_cost(run, size, *measured[mkey], init_passes=init),
+                           methods.get(method_key(run)), round_clients(run, size.n_clients), size.n_clients)
         out.append(cost)
         if charged:
             jobs[charged] = dataclasses.replace(jobs[charged], seconds=cost.init_s)
@@ -215,6 +221,16 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
     return Estimate(out, device, sizes, notes, list(jobs.values()), start,
                     "the jobs Snakemake will run" if dag is not None else
                     "runs without results" if pending else "every run, as from an empty results folder")
+
+
+def with_method(cost: RunCost, method: MethodCost | None, clients: int, n_clients: int) -> RunCost:
+    """``cost`` (a bare SGD step's arithmetic) with what its method adds: its local step's factor,
+    its server step for each of the round's ``clients`` and its evaluation of ``n_clients``
+    clients (at least the arithmetic's)."""
+    if method is None:
+        return cost
+    return dataclasses.replace(cost, round_s=method.local * cost.round_s + method.server_s * clients,
+                               eval_s=max(cost.eval_s, method.eval_s * n_clients))
 
 
 def _train_id(plan, key: tuple) -> str:
@@ -435,6 +451,148 @@ def measure_startup(imports: str = JOB_IMPORTS) -> float:
     except (OSError, subprocess.SubprocessError):
         return 0.0
     return time.perf_counter() - t
+
+
+#: the probe federation a method's round is timed on: this many clients (at least 2 K) ...
+PROBE_CLIENTS = 6
+#: ... of at most this many training samples each (two batches; the mean client's, if fewer)
+PROBE_CLIENT_ROWS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodCost:
+    """A method's round and evaluation beside a bare SGD step (:func:`method_costs`)."""
+    local: float = 1.0              # seconds of its local step per bare SGD step (measure_step's)
+    server_s: float = 0.0           # its server step's seconds per client of the round
+    eval_s: float = 0.0             # seconds of its evaluation per client
+
+
+def method_costs(runs: list[dict], size: DataSize, device: str,
+                 timer: StepTimer | None = None) -> dict[str, MethodCost]:
+    """What each run's method costs beside a bare SGD step of its model, timed here on one probe
+    federation of random data of the dataset's shape (:data:`PROBE_CLIENTS` clients of two batches,
+    every one in each round, with per-sample domains for the methods that read them): one round
+    after a warm-up of the run's own method, network, executor and settings, split into local
+    training (the trainer's time) and the rest, the server step; and one evaluation. Its local
+    training per client-step, over :func:`measure_step`'s bare step on the same batch, is what the
+    engine and the method add to SGD: the batch plan and the executor, FedCG's network with its
+    domain branches, GCN and classifiers, FedDane's gradient pass, FedProx's proximal term. The
+    server step (FedCG's adjacency and teacher, FedGSP's grouping, the clustered methods'
+    assignments) and the evaluation are counted per client. Keyed by :func:`method_key`; a method
+    that cannot run on the probe counts as FedAvg."""
+    import tempfile
+
+    from mcfl.workload import local_steps
+    from mcfl.trainspec import TrainSpec
+
+    timer = timer or measure_step
+    keys = {method_key(r): r for r in runs}
+    if not keys:
+        return {}
+    Ks = [int(r["params"]["K"]) for r in runs if isinstance(r["params"].get("K"), int)]
+    rows = 2 * min(step_rows({**train_defaults(), **r["train"]}, size) for r in runs)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = _probe_store(Path(tmp) / "probe", size, max(PROBE_CLIENTS, 2 * max(Ks, default=1)),
+                            max(2, min(Ks, default=2)), rows)
+        n, per_client = data.n_clients, int(data.n_train().max())
+        fedavg: dict[str, tuple[float, float, float]] = {}
+        bare: dict[str, float] = {}
+        out = {}
+        for key, run in keys.items():
+            base = {**run, "method": "FedAvg", "params": {}}
+            bkey = method_key(base)
+            if bkey not in fedavg:
+                fedavg[bkey] = _time_method(base, data, device)
+                train = {**train_defaults(), **run["train"]}
+                group = n if train.get("executor") == "batched" else 1
+                batch = min(int(train["batch_size"]), per_client)
+                bare[bkey] = timer(run["model"], tuple(size.x_shape), size.n_classes, batch * group, device)[0] / group
+            try:
+                own = _time_method(run, data, device) if run["method"] != "FedAvg" else fedavg[bkey]
+            except Exception:  # noqa: BLE001 - a method that cannot run on random data: as FedAvg
+                own = fedavg[bkey]
+            steps = n * local_steps(TrainSpec.of(_probe_train(run, data)), per_client)
+            out[key] = MethodCost(own[0] / max(steps * bare[bkey], 1e-12), own[1] / n, own[2] / n)
+        return out
+
+
+def method_key(run: dict) -> str:
+    """What a run's probe timing depends on: its method, hyperparameters, model and train settings."""
+    return json.dumps([run["dataset"], run["method"], run["params"], run["model"], run["train"]],
+                      sort_keys=True, default=str)
+
+
+def _probe_store(path: Path, size: DataSize, n_clients: int, n_domains: int, rows: int):
+    """A store of random samples of ``size``'s shape and classes: ``n_clients`` clients of ``rows``
+    training samples (at most :data:`PROBE_CLIENT_ROWS` and the mean client's), each sample in one
+    of ``n_domains`` domains."""
+    import numpy as np
+
+    from mcfl.data import load
+    from mcfl.data.store import ClientData
+    from mcfl.data.write import write_store
+
+    rng = np.random.default_rng(0)
+    rows = max(2, min(rows, PROBE_CLIENT_ROWS, math.ceil(size.n_train / max(1, size.n_clients))))
+    shape = tuple(size.x_shape)
+
+    def part(n):
+        return (rng.random((n, *shape), dtype=np.float32), rng.integers(size.n_classes, size=n),
+                rng.integers(n_domains, size=n))
+
+    clients = []
+    for i in range(n_clients):
+        (x, y, d), (xt, yt, dt) = part(rows), part(4)
+        clients.append(ClientData(f"probe{i}", x, y, xt, yt, i % n_domains, d, dt))
+    write_store(path, clients, n_classes=size.n_classes, source="probe", params={},
+                domains={"names": [str(k) for k in range(n_domains)], "unseen": []})
+    return load(path)
+
+
+def _probe_train(run: dict, data) -> dict:
+    """``run``'s train settings on the probe store ``data``: every client in each round, a batch
+    of at most a client's samples (the batch a step has; a larger batch_size would only pad the
+    batch plan)."""
+    per_client = int(data.n_train().max())
+    B = int({**train_defaults(), **run["train"]}["batch_size"])
+    return {**run["train"], "clients_per_round": None, "clients_per_cluster": None,
+            "batch_size": min(B, per_client)}
+
+
+def _time_method(run: dict, data, device: str) -> tuple[float, float, float]:
+    """Seconds of one round of ``run``'s method on the store ``data`` (every client, after a warm-up
+    round) in local training and in the rest, and of one evaluation (after a warm-up), with one
+    CPU thread."""
+    import torch
+
+    from mcfl import algorithms
+    from mcfl.evaluation import evaluate
+    from mcfl.federation import build_federation
+    from mcfl.timing import LocalClock
+    from mcfl.trainspec import TrainSpec
+
+    params = {k: (2 if v == "auto" else v) for k, v in run["params"].items()}
+    train = TrainSpec.of(_probe_train(run, data))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cls = algorithms.get(run["method"])
+        fed = build_federation(data, run["model"], train, 0, torch.device(device))
+        algo = cls(fed, cls.Params(**params))
+        state = algo.init()
+        clock = LocalClock(algo.fed.trainer, fed.device)
+        clients = fed.clients(1, algo.assignments(state) if fed.per_cluster else None)
+        for r in (1, 2):
+            clock.reset()
+            t = time.perf_counter()
+            state, _ = algo.round(state, clients, r)
+            clock.sync()
+            round_s = time.perf_counter() - t
+        t = time.perf_counter()
+        evaluate(algo, state, fed, finetune_epochs=train.finetune_epochs, rnd=2)
+        return clock.seconds, max(0.0, round_s - clock.seconds), time.perf_counter() - t
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _timed(fn, repeats: int, device: str) -> float:
