@@ -7,8 +7,8 @@ The configs (``--configs``, default all three): ``default`` (``config/config.yam
 read from the README) over the embedded FEMNIST writers exported as LEAF JSON with ``mcfl
 export-leaf``; or any config files given with ``--config``. Each runs in a folder of its own
 (``--workdir``, default a temporary one): its results, data, logs and Snakemake's metadata go there,
-and nothing of this checkout is written; MLflow tracking is off (``--tracking`` turns it on, with
-the MLflow store in that folder).
+and nothing of this checkout is written; MLflow tracking is as the config says, with the MLflow
+store in that folder (``--no-tracking`` turns it off).
 
 Measured: from the estimate's line (printed at the workflow's start, once the DAG is built) to the
 end of the invocation ("jobs"), and the whole invocation ("all", Snakemake's parsing and DAG
@@ -72,12 +72,14 @@ def own_config(folder: Path) -> Path:
 
 
 def isolated(config: Path, folder: Path, tracking: bool) -> Path:
-    """``config`` merged and named as the workflow reads it, with its results, data and tracking
-    switch set for ``folder``."""
+    """``config`` merged and named as the workflow reads it, with its results and data in ``folder``
+    (and no tracking unless ``tracking``)."""
     from mcfl.config import load_config
 
     cfg = load_config(config)
-    cfg.update(results=str(folder / "results"), data_dir=str(folder / "data"), tracking=tracking)
+    cfg.update(results=str(folder / "results"), data_dir=str(folder / "data"))
+    if not tracking:
+        cfg["tracking"] = False
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -118,7 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", type=Path, action="append", help="a config file to measure instead")
     ap.add_argument("--cores", type=int, default=os.cpu_count(), help="Snakemake's --cores (default: all)")
     ap.add_argument("--workdir", type=Path, help="folder for the runs (default: a temporary one, removed)")
-    ap.add_argument("--tracking", action="store_true", help="track the runs in MLflow (in the workdir)")
+    ap.add_argument("--no-tracking", dest="tracking", action="store_false",
+                    help="no MLflow tracking (default: as the config says, the store in the workdir)")
     args = ap.parse_args(argv)
     names = [(p.stem, p) for p in args.config] if args.config else [(n, None) for n in args.configs.split(",")]
     for name, _ in names:
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="estimate-accuracy-") if args.workdir is None else None
     work = Path(tmp.name if tmp else args.workdir).resolve()
     print(f"# {machine(torch.device('cpu'))}; vector extensions: {torch.backends.cpu.get_cpu_capability()}")
-    print(f"# snakemake --cores {args.cores}, tracking {'on' if args.tracking else 'off'}, from empty folders under {work}")
+    print(f"# snakemake --cores {args.cores}, tracking {'as configured' if args.tracking else 'off'}, from empty folders under {work}")
     print("| config | training runs | estimate | measured (jobs) | measured (all) | estimate / jobs |")
     print("|---|---|---|---|---|---|", flush=True)
     for name, path in names:

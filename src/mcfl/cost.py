@@ -1,30 +1,43 @@
-"""What a config costs before it runs, on this machine: training runs x rounds x seconds per round.
+"""What a config costs before it runs, on this machine: its jobs, packed on the cores.
 
-``mcfl check-config`` and the workflow's start print :func:`estimate`'s summary. For every run the
-config makes (every seed, and the sweep points of a FedGSP block), the seconds it takes are
+``mcfl check-config`` prints :func:`estimate`'s summary for every run of a config (as from an empty
+results folder); the workflow prints it at its start for the jobs Snakemake will actually run (its
+DAG's jobs that need to run: changed parameters, code or inputs rerun a job, as Snakemake decides).
+For every run (every seed, and the sweep points of a FedGSP block) the seconds it takes are
 
-    init + rounds x (clients per round x local steps per client x seconds per local step)
+    init + rounds x (local x clients per round x local steps per client x seconds per local step
+                     + server x clients per round)
+         + evaluations x max(test samples x seconds per test sample + fine-tuning, evaluation x clients)
 
-(clients per round: ``clients_per_round``, or ``clients_per_cluster`` x K)
-         + evaluations x (test samples x seconds per test sample + fine-tuning)
+(clients per round: ``clients_per_round``, or ``clients_per_cluster`` x K). Seconds per local step
+and per test sample are measured here on a bounded probe (:func:`measure_step`): a few SGD steps of
+the run's model on a random batch of the samples a step has (``batch_size``, or a client's whole
+training set when smaller), at most :data:`PROBE_ROWS` samples and :data:`PROBE_VALUES` input values
+(a larger batch's step is scaled linearly), after an untimed warm-up, on the device the config names
+(``device: auto``: the GPU when PyTorch sees one) with one CPU thread, as each workflow job trains.
+A batch size that ``mcfl train`` would refuse, or whose batch does not fit in free memory, gets one
+note line. ``local``, ``server`` and ``evaluation`` are each method's (:func:`method_costs`): one
+round and one evaluation of the run's own method, network, executor and settings timed on a probe
+federation of random data, so what a method adds to a bare SGD step counts (the executor's batch
+plan, FedCG's network and server step, FedGSP's grouping, FedDane's gradient pass). ``init`` is the
+centre initialisation of the clustered methods that need one (every client's first local model, one
+per centre file the runs share; twice when those models do not fit in memory together and are
+trained again; once for all the centre files that share them through the workflow's
+``first_models`` job). Local steps per client are ``local_steps``, or ``local_epochs`` passes over a
+client's mean number of training samples. Evaluations happen every ``eval_every`` rounds and after
+the last. The batched executor trains a round's clients in one vectorised step: it is timed as one
+step on their batches stacked (:func:`batched_group`).
 
-with the two per-step times measured here, in a second or two: a few SGD steps of the run's model
-on a random batch of its batch size (after an untimed warm-up step), and a forward pass over a
-batch of test inputs, on the device the config names (``device: auto``: the GPU when PyTorch sees
-one) with one CPU thread, as each workflow job trains. ``init`` is the centre initialisation of the
-clustered methods that need one (every client's first local model, one per centre file the runs
-share; twice when those models do not fit in memory together and are trained again; once for all
-the centre files that share them through the workflow's ``first_models`` job). Local steps per client are ``local_steps``, or ``local_epochs`` passes over a client's mean
-number of training samples. Evaluations happen every ``eval_every`` rounds and after the last.
-The batched executor trains a round's clients in one vectorised step: it is timed as one step on
-their batches stacked (:func:`batched_group`).
+The runs, their centre files and first local models are jobs, each with a process start-up
+(:func:`measure_startup`); :func:`makespan` packs them on the cores in the order they wait for each
+other (a centre file before its runs), as Snakemake's priorities start them, with the DAG's other
+jobs (data, reports) at a start-up each.
 
 The data sizes come from the prepared store when it exists, otherwise from the source
 (:func:`mcfl.workload.data_size`: the LEAF JSON files' ``num_samples``, the embedded writers, or
 the dataset's published size); the counting of steps and evaluations is :mod:`mcfl.workload`'s
-too. Data preparation, process start-ups, reports
-and the work a method adds to FedAvg's local training (FedDane's gradient pass, FedCG's graph,
-FedGSP's grouping, K selection) are not counted: those runs take longer than estimated.
+too. Data preparation's own work, reports' and K selection's are not counted beyond a start-up.
+``benchmarks/estimate_accuracy.py`` sets the estimate beside the DAG's measured time;
 ``benchmarks/study_cost.py`` times whole rounds of each run instead (slower; it prepares the data).
 """
 
@@ -216,7 +229,8 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
         jobs[tid] = Job(tid, before.seconds + cost.total_s - cost.init_s, after)
     if dag is not None:
         jobs = _dag_jobs(plan, dag, jobs)
-    start = measure_startup() if start_s is None and jobs else (start_s or 0.0)
+    imports = JOB_IMPORTS + (", mlflow" if cfg.get("tracking") is True else "")   # a tracked job imports MLflow
+    start = measure_startup(imports) if start_s is None and jobs else (start_s or 0.0)
     jobs = {i: dataclasses.replace(j, seconds=j.seconds + start) for i, j in jobs.items()}
     return Estimate(out, device, sizes, notes, list(jobs.values()), start,
                     "the jobs Snakemake will run" if dag is not None else
