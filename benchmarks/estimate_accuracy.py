@@ -96,6 +96,7 @@ def run_dag(config: Path, folder: Path, cores: int, log) -> dict:
                           cwd=folder) as p:
         for line in p.stdout:
             log.write(line)
+            log.flush()
             if estimate is None and line.startswith("estimated cost"):
                 line_at, seen = time.perf_counter(), line.strip()
                 m, r = ABOUT.search(line), RUNS.search(line)

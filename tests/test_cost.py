@@ -136,3 +136,31 @@ def test_the_method_probe_trains_batches_of_at_most_a_client_s_samples(tmp_path)
     assert data.n_clients == 6 and set(data.n_train()) == {20} and data.domain_train.max() <= 1
     run = {"train": {"batch_size": 10**9, "clients_per_round": 3}}
     assert _probe_train(run, data) == {"batch_size": 20, "clients_per_round": None, "clients_per_cluster": None}
+
+
+@pytest.mark.slow
+def test_the_accuracy_benchmark_sets_the_dag_s_estimate_beside_its_time(tmp_path):
+    """`benchmarks/estimate_accuracy.py` on a two-run config: the workflow's own estimate line and
+    the measured time of its jobs, in a folder of its own (nothing written to the checkout)."""
+    import re
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    cfg = _own(tmp_path, batch_size=10, rounds=2)
+    for key in ("results", "data_dir"):
+        del cfg[key]
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({**cfg, "tracking": False}))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "estimate_accuracy.py"), "--config", str(path),
+                        "--cores", "2", "--workdir", str(tmp_path / "work")],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "vector extensions:" in r.stdout
+    row = re.search(r"^\| tiny \| 2 \| ([\d.]+) min \| ([\d.]+) min \| ([\d.]+) min \| ([\d.]+) \|$", r.stdout, re.M)
+    assert row, r.stdout
+    estimate, jobs, whole, ratio = map(float, row.groups())
+    assert 0 < jobs <= whole and estimate > 0 and ratio > 0
+    assert "of the jobs Snakemake will run: 2 training runs" in r.stdout
+    assert (tmp_path / "work" / "tiny" / "results" / "runs").is_dir()

@@ -254,7 +254,7 @@ def _train_id(plan, key: tuple) -> str:
 
 
 def _init_job(plan, run: dict, size: DataSize, jobs: dict[str, Job],
-              wanted: dict | None) -> tuple[str | None, int]:
+              wanted: set[str] | None) -> tuple[str | None, int]:
     """Add the centre file ``run`` waits for (and the first local models it clusters) to ``jobs``
     when it is to be made and not there yet; return the job that the centre initialisation's
     training is charged to (None: none) and its passes over every client."""
@@ -573,6 +573,17 @@ def _probe_train(run: dict, data) -> dict:
             "batch_size": min(B, per_client)}
 
 
+def _probe_centres(fed, K: int, folder: Path) -> Path:
+    """A centre file of ``K`` random clients' first local models for the probe federation ``fed``
+    (what the workflow's ``init_centres`` job gives a run; its k-means is the initialisation's cost)."""
+    from mcfl.cluster.init import init_centres, save_centres
+
+    path = folder / f"centres-{fed.model.size}-K{K}.pt"
+    if not path.exists():
+        save_centres(init_centres(fed, K, method="random"), path)
+    return path
+
+
 def _time_method(run: dict, data, device: str) -> tuple[float, float, float]:
     """Seconds of one round of ``run``'s method on the store ``data`` (every client, after a warm-up
     round) in local training and in the rest, and of one evaluation (after a warm-up), with one
@@ -585,13 +596,17 @@ def _time_method(run: dict, data, device: str) -> tuple[float, float, float]:
     from mcfl.timing import LocalClock
     from mcfl.trainspec import TrainSpec
 
+    cls = algorithms.get(run["method"])
     params = {k: (2 if v == "auto" else v) for k, v in run["params"].items()}
+    if "restarts" in {f.name for f in dataclasses.fields(cls.Params)}:
+        params["restarts"] = 1            # k-means' restarts are the initialisation's, counted apart
     train = TrainSpec.of(_probe_train(run, data))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        cls = algorithms.get(run["method"])
         fed = build_federation(data, run["model"], train, 0, torch.device(device))
+        if cls.uses_centres(params):
+            fed.inputs["centres"] = _probe_centres(fed, int(params["K"]), Path(data.path).parent)
         algo = cls(fed, cls.Params(**params))
         state = algo.init()
         clock = LocalClock(algo.fed.trainer, fed.device)

@@ -66,8 +66,8 @@ MLFLOW = {}
 
 def dag_jobs():
     """The jobs Snakemake is about to run, as mcfl.cost.estimate reads them: (rule, wildcards,
-    indices of the jobs among them that each waits for)."""
-    todo = list(workflow.dag.needrun_jobs())
+    indices of the jobs among them that each waits for); targets that run nothing (rule all) left out."""
+    todo = [job for job in workflow.dag.needrun_jobs() if not job.is_norun]
     index = {job: i for i, job in enumerate(todo)}
     return [
         (job.rule.name, dict(job.wildcards_dict), tuple(index[d] for d in workflow.dag.dependencies[job] if d in index))
