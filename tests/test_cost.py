@@ -164,3 +164,35 @@ def test_the_accuracy_benchmark_sets_the_dag_s_estimate_beside_its_time(tmp_path
     assert 0 < jobs <= whole and estimate > 0 and ratio > 0
     assert "of the jobs Snakemake will run: 2 training runs" in r.stdout
     assert (tmp_path / "work" / "tiny" / "results" / "runs").is_dir()
+
+
+def test_a_method_s_probe_round_becomes_its_step_factor_server_and_evaluation(tmp_path, monkeypatch):
+    """By hand, with the probe's timings given: 6 probe clients of 20 samples (two batches of 10),
+    one local epoch: 12 local steps a round. FedAvg's local training 0.24 s over 12 bare steps of
+    0.01 s is a factor 2 (what the engine adds); FeSEM's 0.36 s a factor 3, its server step 0.06 s
+    is 0.01 s a client. A method that fails on the probe counts as FedAvg."""
+    from mcfl import cost
+    from mcfl.plan import Plan
+    from mcfl.workload import DataSize, RunCost
+
+    size = DataSize((1, 8, 8), 10, n_clients=10, n_train=1440, n_test=50, origin="test")
+    runs = list(Plan(validate(_own(tmp_path, batch_size=10))).runs.values())
+    seconds = {"FedAvg": (0.24, 0.0, 0.06), "FeSEM": (0.36, 0.06, 0.12)}
+    monkeypatch.setattr(cost, "_time_method", lambda run, data, device: seconds[run["method"]])
+    costs = cost.method_costs(runs, size, "cpu", timer=lambda *a: (0.01, 0.001))
+    fedavg, fesem = (costs[cost.method_key(r)] for r in runs)
+    assert fedavg == cost.MethodCost(pytest.approx(2.0), 0.0, pytest.approx(0.01))
+    assert fesem == cost.MethodCost(pytest.approx(3.0), pytest.approx(0.01), pytest.approx(0.02))
+    # a round of 4 clients: 3 x the bare steps' 0.5 s + 4 x 0.01 s; evaluation: at least 10 x 0.02 s
+    run = RunCost("mine", "FeSEM(2)", 0, rounds=3, round_s=0.5, evals=1, eval_s=0.1, init_s=0.0)
+    priced = cost.with_method(run, fesem, clients=4, n_clients=10)
+    assert priced.round_s == pytest.approx(1.54) and priced.eval_s == pytest.approx(0.2)
+
+    def fails(run, data, device):
+        if run["method"] == "FeSEM":
+            raise RuntimeError("no")
+        return seconds["FedAvg"]
+
+    monkeypatch.setattr(cost, "_time_method", fails)
+    costs = cost.method_costs(runs, size, "cpu", timer=lambda *a: (0.01, 0.001))
+    assert costs[cost.method_key(runs[1])] == costs[cost.method_key(runs[0])]
