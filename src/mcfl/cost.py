@@ -190,7 +190,7 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
         start_s = 0.0
     if probe is None:
         probe = timer is None
-    timer = timer or measure_step
+    timer = _memoised(timer or measure_step)     # one measurement per batch, the probes' and the runs'
     sizes = dict(sizes or {})
     for name, ds in cfg["datasets"].items():
         if name not in sizes:
@@ -235,6 +235,19 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
     return Estimate(out, device, sizes, notes, list(jobs.values()), start,
                     "the jobs Snakemake will run" if dag is not None else
                     "runs without results" if pending else "every run, as from an empty results folder")
+
+
+def _memoised(timer: StepTimer) -> StepTimer:
+    """``timer`` measuring each (model, shape, classes, batch, device) once: a method's probe and its
+    runs divide and multiply by the same bare step, so the machine's noise cancels between them."""
+    seen: dict[str, tuple[float, float]] = {}
+
+    def timed(model, x_shape, n_classes, batch_size, device):
+        key = json.dumps([model, list(x_shape), n_classes, batch_size, str(device)], sort_keys=True)
+        if key not in seen:
+            seen[key] = timer(model, x_shape, n_classes, batch_size, device)
+        return seen[key]
+    return timed
 
 
 def with_method(cost: RunCost, method: MethodCost | None, clients: int, n_clients: int) -> RunCost:
@@ -510,23 +523,22 @@ def method_costs(runs: list[dict], size: DataSize, device: str,
                             max(2, min(Ks, default=2)), rows)
         n, per_client = data.n_clients, int(data.n_train().max())
         fedavg: dict[str, tuple[float, float, float]] = {}
-        bare: dict[str, float] = {}
         out = {}
         for key, run in keys.items():
             base = {**run, "method": "FedAvg", "params": {}}
             bkey = method_key(base)
             if bkey not in fedavg:
                 fedavg[bkey] = _time_method(base, data, device)
-                train = {**train_defaults(), **run["train"]}
-                group = n if train.get("executor") == "batched" else 1
-                batch = min(int(train["batch_size"]), per_client)
-                bare[bkey] = timer(run["model"], tuple(size.x_shape), size.n_classes, batch * group, device)[0] / group
+            train = {**train_defaults(), **run["train"]}
+            group = n if train.get("executor") == "batched" else 1
+            batch = min(int(train["batch_size"]), per_client)
+            bare = timer(run["model"], tuple(size.x_shape), size.n_classes, batch * group, device)[0] / group
             try:
                 own = _time_method(run, data, device) if run["method"] != "FedAvg" else fedavg[bkey]
             except Exception:  # noqa: BLE001 - a method that cannot run on random data: as FedAvg
                 own = fedavg[bkey]
             steps = n * local_steps(TrainSpec.of(_probe_train(run, data)), per_client)
-            out[key] = MethodCost(own[0] / max(steps * bare[bkey], 1e-12), own[1] / n, own[2] / n)
+            out[key] = MethodCost(own[0] / max(steps * bare, 1e-12), own[1] / n, own[2] / n)
         return out
 
 
