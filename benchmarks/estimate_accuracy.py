@@ -131,7 +131,8 @@ def main(argv=None) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="estimate-accuracy-") if args.workdir is None else None
     work = Path(tmp.name if tmp else args.workdir).resolve()
     print(f"# {machine(torch.device('cpu'))}; vector extensions: {torch.backends.cpu.get_cpu_capability()}")
-    print(f"# snakemake --cores {args.cores}, tracking {'as configured' if args.tracking else 'off'}, from empty folders under {work}")
+    print(f"# snakemake --cores {args.cores}, tracking {'as configured' if args.tracking else 'off'}, "
+          f"from empty folders under {work}")
     print("| config | training runs | estimate | measured (jobs) | measured (all) | estimate / jobs |")
     print("|---|---|---|---|---|---|", flush=True)
     for name, path in names:
