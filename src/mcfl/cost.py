@@ -16,8 +16,8 @@ training set when smaller), at most :data:`PROBE_ROWS` samples and :data:`PROBE_
 (a larger batch's step is scaled linearly), after an untimed warm-up, on the device the config names
 (``device: auto``: the GPU when PyTorch sees one) with one CPU thread, as each workflow job trains.
 A batch size that ``mcfl train`` would refuse, or whose batch does not fit in free memory, gets one
-note line. ``local``, ``server`` and ``evaluation`` are each method's (:func:`method_costs`): one
-round and one evaluation of the run's own method, network, executor and settings timed on a probe
+note line. ``local``, ``server`` and ``evaluation`` are each method's (:func:`method_costs`): a few
+rounds and one evaluation of the run's own method, network, executor and settings timed on a probe
 federation of random data, so what a method adds to a bare SGD step counts (the executor's batch
 plan, FedCG's network and server step, FedGSP's grouping, FedDane's gradient pass). ``init`` is the
 centre initialisation of the clustered methods that need one (every client's first local model, one
@@ -482,8 +482,10 @@ def measure_startup(imports: str = JOB_IMPORTS) -> float:
 
 #: the probe federation a method's round is timed on: this many clients (at least 2 K) ...
 PROBE_CLIENTS = 6
-#: ... of at most this many training samples each (two batches; the mean client's, if fewer)
+#: ... of at most this many training samples each (two batches; the mean client's, if fewer) ...
 PROBE_CLIENT_ROWS = 64
+#: ... and timed over this many rounds after a warm-up one (their mean)
+PROBE_ROUNDS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -498,9 +500,10 @@ def method_costs(runs: list[dict], size: DataSize, device: str,
                  timer: StepTimer | None = None) -> dict[str, MethodCost]:
     """What each run's method costs beside a bare SGD step of its model, timed here on one probe
     federation of random data of the dataset's shape (:data:`PROBE_CLIENTS` clients of two batches,
-    every one in each round, with per-sample domains for the methods that read them): one round
-    after a warm-up of the run's own method, network, executor and settings, split into local
-    training (the trainer's time) and the rest, the server step; and one evaluation. Its local
+    every one in each round, with per-sample domains for the methods that read them): the rounds
+    after a warm-up (:data:`PROBE_ROUNDS`) of the run's own method, network, executor and
+    settings, split into local training (the trainer's time) and the rest, the server step; and
+    one evaluation. Its local
     training per client-step, over :func:`measure_step`'s bare step on the same batch, is what the
     engine and the method add to SGD: the batch plan and the executor, FedCG's network with its
     domain branches, GCN and classifiers, FedDane's gradient pass, FedProx's proximal term. The
@@ -597,9 +600,9 @@ def _probe_centres(fed, K: int, folder: Path) -> Path:
 
 
 def _time_method(run: dict, data, device: str) -> tuple[float, float, float]:
-    """Seconds of one round of ``run``'s method on the store ``data`` (every client, after a warm-up
-    round) in local training and in the rest, and of one evaluation (after a warm-up), with one
-    CPU thread."""
+    """Seconds of a round of ``run``'s method on the store ``data`` (every client; the mean of
+    :data:`PROBE_ROUNDS` after a warm-up round) in local training and in the rest, and of one
+    evaluation, with one CPU thread."""
     import torch
 
     from mcfl import algorithms
@@ -623,15 +626,17 @@ def _time_method(run: dict, data, device: str) -> tuple[float, float, float]:
         state = algo.init()
         clock = LocalClock(algo.fed.trainer, fed.device)
         clients = fed.clients(1, algo.assignments(state) if fed.per_cluster else None)
-        for r in (1, 2):
-            clock.reset()
-            t = time.perf_counter()
-            state, _ = algo.round(state, clients, r)
-            clock.sync()
-            round_s = time.perf_counter() - t
+        state, _ = algo.round(state, clients, 1)                     # warm-up
+        clock.reset()
         t = time.perf_counter()
-        evaluate(algo, state, fed, finetune_epochs=train.finetune_epochs, rnd=2)
-        return clock.seconds, max(0.0, round_s - clock.seconds), time.perf_counter() - t
+        for r in range(2, PROBE_ROUNDS + 2):      # a method's periodic server work (FedCG's teacher) too
+            state, _ = algo.round(state, clients, r)
+        clock.sync()
+        round_s = (time.perf_counter() - t) / PROBE_ROUNDS
+        local_s = clock.seconds / PROBE_ROUNDS
+        t = time.perf_counter()
+        evaluate(algo, state, fed, finetune_epochs=train.finetune_epochs, rnd=PROBE_ROUNDS + 1)
+        return local_s, max(0.0, round_s - local_s), time.perf_counter() - t
     finally:
         torch.set_num_threads(threads)
 
