@@ -503,10 +503,10 @@ def method_costs(runs: list[dict], size: DataSize, device: str,
     every one in each round, with per-sample domains for the methods that read them): the rounds
     after a warm-up (:data:`PROBE_ROUNDS`) of the run's own method, network, executor and
     settings, split into local training (the trainer's time) and the rest, the server step; and
-    one evaluation. Its local
-    training per client-step, over :func:`measure_step`'s bare step on the same batch, is what the
-    engine and the method add to SGD: the batch plan and the executor, FedCG's network with its
-    domain branches, GCN and classifiers, FedDane's gradient pass, FedProx's proximal term. The
+    one evaluation. Its local training per client-step, over :func:`measure_step`'s bare step on
+    the same batch, is what the engine and the method add to SGD: the batch plan and the executor,
+    FedCG's network with its domain branches, GCN and classifiers, FedDane's gradient pass,
+    FedProx's proximal term. The
     server step (FedCG's adjacency and teacher, FedGSP's grouping, the clustered methods'
     assignments) and the evaluation are counted per client. Keyed by :func:`method_key`; a method
     that cannot run on the probe counts as FedAvg."""
