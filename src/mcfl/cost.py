@@ -1,30 +1,43 @@
-"""What a config costs before it runs, on this machine: training runs x rounds x seconds per round.
+"""What a config costs before it runs, on this machine: its jobs, packed on the cores.
 
-``mcfl check-config`` and the workflow's start print :func:`estimate`'s summary. For every run the
-config makes (every seed, and the sweep points of a FedGSP block), the seconds it takes are
+``mcfl check-config`` prints :func:`estimate`'s summary for every run of a config (as from an empty
+results folder); the workflow prints it at its start for the jobs Snakemake will actually run (its
+DAG's jobs that need to run: changed parameters, code or inputs rerun a job, as Snakemake decides).
+For every run (every seed, and the sweep points of a FedGSP block) the seconds it takes are
 
-    init + rounds x (clients per round x local steps per client x seconds per local step)
+    init + rounds x (local x clients per round x local steps per client x seconds per local step
+                     + server x clients per round)
+         + evaluations x max(test samples x seconds per test sample + fine-tuning, evaluation x clients)
 
-(clients per round: ``clients_per_round``, or ``clients_per_cluster`` x K)
-         + evaluations x (test samples x seconds per test sample + fine-tuning)
+(clients per round: ``clients_per_round``, or ``clients_per_cluster`` x K). Seconds per local step
+and per test sample are measured here on a bounded probe (:func:`measure_step`): a few SGD steps of
+the run's model on a random batch of the samples a step has (``batch_size``, or a client's whole
+training set when smaller), at most :data:`PROBE_ROWS` samples and :data:`PROBE_VALUES` input values
+(a larger batch's step is scaled linearly), after an untimed warm-up, on the device the config names
+(``device: auto``: the GPU when PyTorch sees one) with one CPU thread, as each workflow job trains.
+A batch size that ``mcfl train`` would refuse, or whose batch does not fit in free memory, gets one
+note line. ``local``, ``server`` and ``evaluation`` are each method's (:func:`method_costs`): a few
+rounds and one evaluation of the run's own method, network, executor and settings timed on a probe
+federation of random data, so what a method adds to a bare SGD step counts (the executor's batch
+plan, FedCG's network and server step, FedGSP's grouping, FedDane's gradient pass). ``init`` is the
+centre initialisation of the clustered methods that need one (every client's first local model, one
+per centre file the runs share; twice when those models do not fit in memory together and are
+trained again; once for all the centre files that share them through the workflow's
+``first_models`` job). Local steps per client are ``local_steps``, or ``local_epochs`` passes over a
+client's mean number of training samples. Evaluations happen every ``eval_every`` rounds and after
+the last. The batched executor trains a round's clients in one vectorised step: it is timed as one
+step on their batches stacked (:func:`batched_group`).
 
-with the two per-step times measured here, in a second or two: a few SGD steps of the run's model
-on a random batch of its batch size (after an untimed warm-up step), and a forward pass over a
-batch of test inputs, on the device the config names (``device: auto``: the GPU when PyTorch sees
-one) with one CPU thread, as each workflow job trains. ``init`` is the centre initialisation of the
-clustered methods that need one (every client's first local model, one per centre file the runs
-share; twice when those models do not fit in memory together and are trained again; once for all
-the centre files that share them through the workflow's ``first_models`` job). Local steps per client are ``local_steps``, or ``local_epochs`` passes over a client's mean
-number of training samples. Evaluations happen every ``eval_every`` rounds and after the last.
-The batched executor trains a round's clients in one vectorised step: it is timed as one step on
-their batches stacked (:func:`batched_group`).
+The runs, their centre files and first local models are jobs, each with a process start-up
+(:func:`measure_startup`); :func:`makespan` packs them on the cores in the order they wait for each
+other (a centre file before its runs), as Snakemake's priorities start them, with the DAG's other
+jobs (data, reports) at a start-up each.
 
 The data sizes come from the prepared store when it exists, otherwise from the source
 (:func:`mcfl.workload.data_size`: the LEAF JSON files' ``num_samples``, the embedded writers, or
 the dataset's published size); the counting of steps and evaluations is :mod:`mcfl.workload`'s
-too. Data preparation, process start-ups, reports
-and the work a method adds to FedAvg's local training (FedDane's gradient pass, FedCG's graph,
-FedGSP's grouping, K selection) are not counted: those runs take longer than estimated.
+too. Data preparation's own work, reports' and K selection's are not counted beyond a start-up.
+``benchmarks/estimate_accuracy.py`` sets the estimate beside the DAG's measured time;
 ``benchmarks/study_cost.py`` times whole rounds of each run instead (slower; it prepares the data).
 """
 
@@ -50,6 +63,10 @@ class Estimate:
     runs: list[RunCost]
     device: str
     sizes: dict[str, DataSize]
+    notes: list[str] = dataclasses.field(default_factory=list)   # what the machine cannot do
+    jobs: list[Job] = dataclasses.field(default_factory=list)    # to pack on the cores (makespan)
+    start_s: float = 0.0            # a job's process start-up, in each job's seconds
+    scope: str = "every run"        # which runs are counted
 
     @property
     def total_s(self) -> float:
@@ -59,13 +76,14 @@ class Estimate:
         """Lines for a terminal: the total, per dataset and label (``detail``), and a hint when
         it is long."""
         if not self.runs:
-            return "estimated cost: no training runs to do"
+            return "\n".join(["estimated cost: no training runs to do", *self.notes])
         rounds = sorted({r.rounds for r in self.runs})
-        lines = [f"estimated cost on this machine ({self.device}, one thread a job): "
+        lines = [f"estimated cost on this machine ({self.device}, one thread a job) of {self.scope}: "
                  f"{len(self.runs)} training runs x {_span(rounds)} rounds = "
                  f"{duration(self.total_s)} of training, one job at a time"
-                 + (f"; about {duration(self.total_s / cores)} on {cores} cores"
-                    if cores and cores > 1 and len(self.runs) > 1 else "")]
+                 + (f"; about {duration(self.wall_s(cores))} on {cores} cores ({len(self.jobs)} jobs "
+                    f"in the order they wait for each other, {self.start_s:.0f} s to start each)"
+                    if cores and self.jobs else "")]
         by: dict[tuple, list[RunCost]] = {}
         for r in (self.runs if detail else []):
             by.setdefault((r.dataset, r.label), []).append(r)
@@ -79,10 +97,15 @@ class Estimate:
             if detail and s.origin != "prepared store":
                 lines.append(f"  ({name}: sizes from {s.origin}: {s.n_clients} clients, "
                              f"{s.n_train} training samples)")
+        lines += self.notes
         hint = self.hint()
         if hint:
             lines.append(hint)
         return "\n".join(lines)
+
+    def wall_s(self, cores: int) -> float:
+        """Seconds the jobs take on ``cores`` cores, start-ups included (:func:`makespan`)."""
+        return makespan(self.jobs, cores)
 
     def hint(self) -> str:
         """Advice when the estimate exceeds an hour."""
@@ -133,47 +156,207 @@ def n_params(model: dict, size: DataSize) -> int:
     return sum(p.numel() for p in net.parameters())
 
 
+#: one job of Snakemake's DAG as :func:`estimate` reads it: its rule's name, its wildcards, and the
+#: indices (in the same list) of the jobs it waits for
+DagJob = tuple[str, dict, tuple[int, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A workflow job as the estimate schedules it: its seconds and the ids of the jobs it waits for."""
+    id: str
+    seconds: float
+    after: tuple[str, ...] = ()
+
+
 def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, DataSize] | None = None,
-             pending: bool = False) -> Estimate:
+             pending: bool = False, dag: list[DagJob] | None = None,
+             start_s: float | None = None, probe: bool | None = None) -> Estimate:
     """The cost of a validated config's runs on this machine (see the module docstring).
-    ``pending``: only the runs not finished yet (no metrics.json in their run directory).
-    ``timer`` and ``sizes`` replace the measurement and the data sizes (tests)."""
-    from mcfl.cluster.spec import centre_key
-    from mcfl.plan import Plan
+
+    Which runs: every run of the config; with ``pending``, those without a ``metrics.json`` in
+    their run directory; with ``dag``, the jobs Snakemake will run (its DAG's jobs that need to
+    run: the training jobs, centre files and first local models among them, and as many other jobs,
+    each costing a start-up). The jobs are packed on the cores in the order of their dependencies
+    (:func:`makespan`). ``start_s``: a job's process start-up (default: measured,
+    :func:`measure_startup`). ``probe``: time each method's round on a probe federation
+    (:func:`method_costs`; default: unless ``timer`` is given). ``timer`` and ``sizes`` replace the
+    measurement and the data sizes (tests)."""
+    from mcfl.plan import Plan, run_key
 
     plan = Plan(cfg)
     device = _device(cfg.get("device", "auto"))
-    timer = timer or measure_step
+    if start_s is None and timer is not None:             # a test's timer: no start-ups either
+        start_s = 0.0
+    if probe is None:
+        probe = timer is None
+    timer = _memoised(timer or measure_step)     # one measurement per batch, the probes' and the runs'
     sizes = dict(sizes or {})
     for name, ds in cfg["datasets"].items():
         if name not in sizes:
             sizes[name] = data_size(ds, Path(plan.store(name)), Path(plan.raw_store(name)))
+    wanted = _dag_outputs(plan, dag) if dag is not None else None
+    todo = [r for k, r in plan.runs.items() if (wanted is None or _train_id(plan, k) in wanted)
+            and not (pending and (Path(plan.dir_of(r)) / "metrics.json").exists())]
+    methods: dict[str, MethodCost] = {}
+    for name in dict.fromkeys(r["dataset"] for r in todo) if probe else ():
+        methods.update(method_costs([r for r in todo if r["dataset"] == name], sizes[name], device, timer))
     measured: dict[str, tuple[float, float]] = {}
-    centres: set[tuple] = set()
-    out = []
-    for run in plan.runs.values():
-        if pending and (Path(plan.dir_of(run)) / "metrics.json").exists():
-            continue
+    jobs: dict[str, Job] = {}
+    out, notes = [], []
+    for run in todo:
+        key = run_key(run)
         size = sizes[run["dataset"]]
         train = {**train_defaults(), **run["train"]}
         group = batched_group(train, size, run["params"])
-        batch = int(train["batch_size"]) * group
-        key = json.dumps([run["model"], size.x_shape, size.n_classes, batch], sort_keys=True)
-        if key not in measured:
+        batch = step_rows(train, size) * group
+        mkey = json.dumps([run["model"], size.x_shape, size.n_classes, batch], sort_keys=True)
+        if mkey not in measured:
             step_s, sample_s = timer(run["model"], tuple(size.x_shape), size.n_classes, batch, device)
-            measured[key] = (step_s / group, sample_s)
-        init = 0
-        if run.get("needs_centres"):
-            ck = (run["dataset"], run["seed"], centre_key(run))
-            first = plan.training.first_path(run)     # first local models made once for several files
-            if first:
-                init = int(first not in centres)
-                centres.add(first)
-            elif ck not in centres:
-                init = init_passes(size.n_clients, n_params(run["model"], size))
-            centres.add(ck)
-        out.append(run_cost(run, size, *measured[key], init_passes=init))
-    return Estimate(out, device, sizes)
+            measured[mkey] = (step_s / group, sample_s)
+        for note in batch_notes(run["dataset"], train, size, batch, device):
+            notes += [note] if note not in notes else []
+        charged, init = _init_job(plan, run, size, jobs, wanted)
+        cost = with_method(run_cost(run, size, *measured[mkey], init_passes=init),
+                           methods.get(method_key(run)), round_clients(run, size.n_clients), size.n_clients)
+        out.append(cost)
+        if charged:
+            jobs[charged] = dataclasses.replace(jobs[charged], seconds=cost.init_s)
+        tid = _train_id(plan, key)
+        before = jobs.get(tid, Job(tid, 0.0))
+        centres = plan.training.init_path(run) if run.get("needs_centres") else None
+        after = before.after + ((centres,) if centres in jobs and centres not in before.after else ())
+        jobs[tid] = Job(tid, before.seconds + cost.total_s - cost.init_s, after)
+    if dag is not None:
+        jobs = _dag_jobs(plan, dag, jobs)
+    imports = JOB_IMPORTS + (", mlflow" if cfg.get("tracking") is True else "")   # a tracked job imports MLflow
+    start = measure_startup(imports) if start_s is None and jobs else (start_s or 0.0)
+    jobs = {i: dataclasses.replace(j, seconds=j.seconds + start) for i, j in jobs.items()}
+    return Estimate(out, device, sizes, notes, list(jobs.values()), start,
+                    "the jobs Snakemake will run" if dag is not None else
+                    "runs without results" if pending else "every run, as from an empty results folder")
+
+
+def _memoised(timer: StepTimer) -> StepTimer:
+    """``timer`` measuring each (model, shape, classes, batch, device) once: a method's probe and its
+    runs divide and multiply by the same bare step, so the machine's noise cancels between them."""
+    seen: dict[str, tuple[float, float]] = {}
+
+    def timed(model, x_shape, n_classes, batch_size, device):
+        key = json.dumps([model, list(x_shape), n_classes, batch_size, str(device)], sort_keys=True)
+        if key not in seen:
+            seen[key] = timer(model, x_shape, n_classes, batch_size, device)
+        return seen[key]
+    return timed
+
+
+def with_method(cost: RunCost, method: MethodCost | None, clients: int, n_clients: int) -> RunCost:
+    """``cost`` (a bare SGD step's arithmetic) with what its method adds: its local step's factor,
+    its server step for each of the round's ``clients`` and its evaluation of ``n_clients``
+    clients (at least the arithmetic's)."""
+    if method is None:
+        return cost
+    return dataclasses.replace(cost, round_s=method.local * cost.round_s + method.server_s * clients,
+                               eval_s=max(cost.eval_s, method.eval_s * n_clients))
+
+
+def _train_id(plan, key: tuple) -> str:
+    """The id of the training job that trains run ``key`` (one job for all seeds of a grouped run)."""
+    d, r, s = key
+    return f"train {d} {r}" if r in plan.training.grouped else f"train {d} {r} {s}"
+
+
+def _init_job(plan, run: dict, size: DataSize, jobs: dict[str, Job],
+              wanted: set[str] | None) -> tuple[str | None, int]:
+    """Add the centre file ``run`` waits for (and the first local models it clusters) to ``jobs``
+    when it is to be made and not there yet; return the job that the centre initialisation's
+    training is charged to (None: none) and its passes over every client."""
+    if not run.get("needs_centres"):
+        return None, 0
+    centres, first = plan.training.init_path(run), plan.training.first_path(run)
+    if centres in jobs or (wanted is not None and centres not in wanted):
+        return None, 0
+    charged, passes = None, 0
+    if first and first not in jobs and (wanted is None or first in wanted):
+        jobs[first] = Job(first, 0.0)
+        charged, passes = first, 1            # the shared file's models, trained once
+    elif not first:
+        charged, passes = centres, init_passes(size.n_clients, n_params(run["model"], size))
+    jobs[centres] = Job(centres, 0.0, (first,) if first in jobs else ())
+    return charged, passes
+
+
+def _dag_outputs(plan, dag: list[DagJob]) -> set[str]:
+    """The ids (:func:`_train_id`, centre and first-models paths) of the DAG's training, centre and
+    first-models jobs."""
+    return {i for i in (_dag_id(plan, rule, wc) for rule, wc, _ in dag) if i}
+
+
+def _dag_id(plan, rule: str, wc: dict) -> str | None:
+    if rule == "train":
+        return f"train {wc['dataset']} {wc['run']} {wc['seed']}"
+    if rule == "train_seeds":
+        return f"train {wc['dataset']} {wc['run']}"
+    if rule == "init_centres":
+        return plan.training.init_file.format(**wc)
+    if rule == "first_models":
+        return plan.training.first_models_file.format(**wc)
+    return None
+
+
+def _dag_jobs(plan, dag: list[DagJob], costed: dict[str, Job]) -> dict[str, Job]:
+    """Every job of the DAG, with the seconds of the costed job of its id (none for the others: a
+    start-up) and the DAG's dependencies."""
+    ids = [_dag_id(plan, rule, wc) or f"{rule} #{i}" for i, (rule, wc, _) in enumerate(dag)]
+    out = {}
+    for i, (_, _, deps) in enumerate(dag):
+        seconds = costed[ids[i]].seconds if ids[i] in costed else 0.0
+        out[ids[i]] = Job(ids[i], seconds, tuple(dict.fromkeys(ids[d] for d in deps)))
+    return out
+
+
+def makespan(jobs: list[Job], cores: int) -> float:
+    """Seconds until the last of ``jobs`` ends on ``cores`` cores, each job on one core after the
+    jobs it waits for (ids not among ``jobs`` are done already), by list scheduling: whenever a
+    core is free the ready job with the longest chain of work still behind it starts, as the
+    workflow's priorities order them (:mod:`mcfl.plan.train`)."""
+    import heapq
+
+    by_id = {j.id: j for j in jobs}
+    waits = {j.id: {a for a in j.after if a in by_id and a != j.id} for j in jobs}
+    users: dict[str, list[str]] = {i: [] for i in by_id}
+    for i, w in waits.items():
+        for a in w:
+            users[a].append(i)
+    chain: dict[str, float] = {}
+    for i in _topological(waits, users)[::-1]:
+        chain[i] = by_id[i].seconds + max((chain[u] for u in users[i]), default=0.0)
+    ready = [(-chain[i], i) for i, w in waits.items() if not w]
+    heapq.heapify(ready)
+    running: list[tuple[float, str]] = []
+    now = 0.0
+    while ready or running:
+        while ready and len(running) < max(1, cores):
+            _, i = heapq.heappop(ready)
+            heapq.heappush(running, (now + by_id[i].seconds, i))
+        now, done = heapq.heappop(running)
+        for u in users[done]:
+            waits[u].discard(done)
+            if not waits[u]:
+                heapq.heappush(ready, (-chain[u], u))
+    return now
+
+
+def _topological(waits: dict[str, set], users: dict[str, list]) -> list[str]:
+    """The ids of ``waits`` in an order where each comes after those it waits for."""
+    left = {i: len(w) for i, w in waits.items()}
+    order = [i for i, n in left.items() if not n]
+    for i in order:
+        for u in users[i]:
+            left[u] -= 1
+            if not left[u]:
+                order.append(u)
+    return order
 
 
 #: the batched executor's steps are timed as one step of at most this many clients' batches ...
@@ -191,7 +374,7 @@ def batched_group(train: dict, size: DataSize, params: dict | None = None) -> in
         return 1
     clients = min(round_clients({"train": train, "params": params or {}}, size.n_clients),
                   train.get("executor_chunk") or size.n_clients)
-    values = int(train["batch_size"]) * math.prod(size.x_shape)
+    values = step_rows(train, size) * math.prod(size.x_shape)
     return max(1, min(clients, BATCHED_GROUP, BATCHED_VALUES // max(1, values)))
 
 
@@ -203,14 +386,56 @@ def _device(device: str) -> str:
     return device if (not device.startswith("cuda") or torch.cuda.is_available()) else "cpu"
 
 
+#: the timed batch (the probe) is at most this many samples ...
+PROBE_ROWS = 1024
+#: ... and this many input values (8 MB of float32); a larger batch's step is scaled linearly
+PROBE_VALUES = 2_000_000
+
+
+def probe_rows(batch_size: int, x_shape: tuple) -> int:
+    """The samples :func:`measure_step` times a step on for a batch of ``batch_size``: at most
+    :data:`PROBE_ROWS` and :data:`PROBE_VALUES` input values, so that an estimate never allocates
+    more than this probe whatever the config's ``batch_size``."""
+    return max(1, min(int(batch_size), PROBE_ROWS, PROBE_VALUES // max(1, math.prod(x_shape))))
+
+
+def step_rows(train: dict, size: DataSize) -> int:
+    """The samples of a local step: ``batch_size``, or a client's whole training set (the mean
+    client's) when that is smaller: a batch never holds more rows than its client has."""
+    per_client = math.ceil(size.n_train / max(1, size.n_clients))
+    return max(1, min(int(train["batch_size"]), per_client))
+
+
+def batch_notes(dataset: str, train: dict, size: DataSize, rows: int, device: str) -> list[str]:
+    """One line each for what a run's batch size asks of the data and the machine: a
+    ``batch_size`` that ``mcfl train`` refuses (:func:`mcfl.bounds.check_run`: more than the
+    largest client's samples), and a local step's batch plan and inputs that do not fit in the
+    device's free memory."""
+    from mcfl.bounds import F32, FULL_BATCH_SLACK, I64, _gb, available_memory
+
+    B, out = int(train["batch_size"]), []
+    if B > max(size.n_train, FULL_BATCH_SLACK):
+        out.append(f"note: {dataset}: train.batch_size {B} is more than all {size.n_train} training "
+                   f"samples together: `mcfl train` will refuse it (at most the largest client's "
+                   f"samples, which is the full batch); estimated as the full batch")
+    need = B * I64 + rows * (math.prod(size.x_shape) * F32 + I64)   # a client's batch plan, a batch
+    free = available_memory(device)
+    if free is not None and need > free:
+        out.append(f"note: {dataset}: a local step with train.batch_size {B} needs at least "
+                   f"{_gb(need)} but {device} has {_gb(free)} free; lower train.batch_size")
+    return out
+
+
 def measure_step(model: dict, x_shape: tuple, n_classes: int, batch_size: int, device: str,
                  repeats: int = 3) -> tuple[float, float]:
-    """Seconds per local SGD step on a random batch and seconds per test sample (forward pass),
-    medians of ``repeats`` after one warm-up, with one CPU thread."""
+    """Seconds per local SGD step on a random batch of ``batch_size`` samples and seconds per test
+    sample (forward pass), medians of ``repeats`` after one warm-up, with one CPU thread. The step
+    is timed on :func:`probe_rows` samples and scaled linearly to ``batch_size``."""
     import torch
 
     from mcfl import models
 
+    rows = probe_rows(batch_size, x_shape)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -218,20 +443,200 @@ def measure_step(model: dict, x_shape: tuple, n_classes: int, batch_size: int, d
         net = models.build(model["name"], x_shape, n_classes,
                            **{k: v for k, v in model.items() if k != "name"}).to(device)
         opt = torch.optim.SGD(net.parameters(), lr=0.01)
-        x = torch.rand((batch_size, *x_shape), generator=g).to(device)
-        y = torch.randint(n_classes, (batch_size,), generator=g).to(device)
+        x = torch.rand((rows, *x_shape), generator=g).to(device)
+        y = torch.randint(n_classes, (rows,), generator=g).to(device)
 
         def step():
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(x), y).backward()
             opt.step()
 
-        train = _timed(step, repeats, device)
+        train = _timed(step, repeats, device) * batch_size / rows
         n = 64
         xt = torch.rand((n, *x_shape), generator=g).to(device)
         with torch.no_grad():
             test = _timed(lambda: net(xt), repeats, device) / n
         return train, test
+    finally:
+        torch.set_num_threads(threads)
+
+
+#: what a workflow job's process imports before it works (``mcfl train`` and its kin)
+JOB_IMPORTS = "import torch, mcfl.cli.commands, mcfl.runner, mcfl.federation, mcfl.evaluation"
+
+
+def measure_startup(imports: str = JOB_IMPORTS) -> float:
+    """Seconds a workflow job's process takes to start: a fresh Python importing what ``mcfl
+    train`` imports (PyTorch and the package), timed once here (0 when it cannot start)."""
+    import subprocess
+    import sys
+
+    t = time.perf_counter()
+    try:
+        subprocess.run([sys.executable, "-c", imports], check=True, timeout=120,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return 0.0
+    return time.perf_counter() - t
+
+
+#: the probe federation a method's round is timed on: this many clients (at least 2 K) ...
+PROBE_CLIENTS = 6
+#: ... of at most this many training samples each (two batches; the mean client's, if fewer) ...
+PROBE_CLIENT_ROWS = 64
+#: ... and timed over this many rounds after a warm-up one (their mean)
+PROBE_ROUNDS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodCost:
+    """A method's round and evaluation beside a bare SGD step (:func:`method_costs`)."""
+    local: float = 1.0              # seconds of its local step per bare SGD step (measure_step's)
+    server_s: float = 0.0           # its server step's seconds per client of the round
+    eval_s: float = 0.0             # seconds of its evaluation per client
+
+
+def method_costs(runs: list[dict], size: DataSize, device: str,
+                 timer: StepTimer | None = None) -> dict[str, MethodCost]:
+    """What each run's method costs beside a bare SGD step of its model, timed here on one probe
+    federation of random data of the dataset's shape (:data:`PROBE_CLIENTS` clients of two batches,
+    every one in each round, with per-sample domains for the methods that read them): the rounds
+    after a warm-up (:data:`PROBE_ROUNDS`) of the run's own method, network, executor and
+    settings, split into local training (the trainer's time) and the rest, the server step; and
+    one evaluation. Its local training per client-step, over :func:`measure_step`'s bare step on
+    the same batch, is what the engine and the method add to SGD: the batch plan and the executor,
+    FedCG's network with its domain branches, GCN and classifiers, FedDane's gradient pass,
+    FedProx's proximal term. The
+    server step (FedCG's adjacency and teacher, FedGSP's grouping, the clustered methods'
+    assignments) and the evaluation are counted per client. Keyed by :func:`method_key`; a method
+    that cannot run on the probe counts as FedAvg."""
+    import tempfile
+
+    from mcfl.workload import local_steps
+    from mcfl.trainspec import TrainSpec
+
+    timer = timer or measure_step
+    keys = {method_key(r): r for r in runs}
+    if not keys:
+        return {}
+    Ks = [int(r["params"]["K"]) for r in runs if isinstance(r["params"].get("K"), int)]
+    rows = 2 * min(step_rows({**train_defaults(), **r["train"]}, size) for r in runs)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = _probe_store(Path(tmp) / "probe", size, max(PROBE_CLIENTS, 2 * max(Ks, default=1)),
+                            max(2, min(Ks, default=2)), rows)
+        n, per_client = data.n_clients, int(data.n_train().max())
+        fedavg: dict[str, tuple[float, float, float]] = {}
+        out = {}
+        for key, run in keys.items():
+            base = {**run, "method": "FedAvg", "params": {}}
+            bkey = method_key(base)
+            if bkey not in fedavg:
+                fedavg[bkey] = _time_method(base, data, device)
+            train = {**train_defaults(), **run["train"]}
+            group = n if train.get("executor") == "batched" else 1
+            batch = min(int(train["batch_size"]), per_client)
+            bare = timer(run["model"], tuple(size.x_shape), size.n_classes, batch * group, device)[0] / group
+            try:
+                own = _time_method(run, data, device) if run["method"] != "FedAvg" else fedavg[bkey]
+            except Exception:  # noqa: BLE001 - a method that cannot run on random data: as FedAvg
+                own = fedavg[bkey]
+            steps = n * local_steps(TrainSpec.of(_probe_train(run, data)), per_client)
+            out[key] = MethodCost(own[0] / max(steps * bare, 1e-12), own[1] / n, own[2] / n)
+        return out
+
+
+def method_key(run: dict) -> str:
+    """What a run's probe timing depends on: its method, hyperparameters, model and train settings."""
+    return json.dumps([run["dataset"], run["method"], run["params"], run["model"], run["train"]],
+                      sort_keys=True, default=str)
+
+
+def _probe_store(path: Path, size: DataSize, n_clients: int, n_domains: int, rows: int):
+    """A store of random samples of ``size``'s shape and classes: ``n_clients`` clients of ``rows``
+    training samples (at most :data:`PROBE_CLIENT_ROWS` and the mean client's), each sample in one
+    of ``n_domains`` domains."""
+    import numpy as np
+
+    from mcfl.data import load
+    from mcfl.data.store import ClientData
+    from mcfl.data.write import write_store
+
+    rng = np.random.default_rng(0)
+    rows = max(2, min(rows, PROBE_CLIENT_ROWS, math.ceil(size.n_train / max(1, size.n_clients))))
+    shape = tuple(size.x_shape)
+
+    def part(n):
+        return (rng.random((n, *shape), dtype=np.float32), rng.integers(size.n_classes, size=n),
+                rng.integers(n_domains, size=n))
+
+    clients = []
+    for i in range(n_clients):
+        (x, y, d), (xt, yt, dt) = part(rows), part(4)
+        clients.append(ClientData(f"probe{i}", x, y, xt, yt, i % n_domains, d, dt))
+    write_store(path, clients, n_classes=size.n_classes, source="probe", params={},
+                domains={"names": [str(k) for k in range(n_domains)], "unseen": []})
+    return load(path)
+
+
+def _probe_train(run: dict, data) -> dict:
+    """``run``'s train settings on the probe store ``data``: every client in each round, a batch
+    of at most a client's samples (the batch a step has; a larger batch_size would only pad the
+    batch plan)."""
+    per_client = int(data.n_train().max())
+    B = int({**train_defaults(), **run["train"]}["batch_size"])
+    return {**run["train"], "clients_per_round": None, "clients_per_cluster": None,
+            "batch_size": min(B, per_client)}
+
+
+def _probe_centres(fed, K: int, folder: Path) -> Path:
+    """A centre file of ``K`` random clients' first local models for the probe federation ``fed``
+    (what the workflow's ``init_centres`` job gives a run; its k-means is the initialisation's cost)."""
+    from mcfl.cluster.init import init_centres, save_centres
+
+    path = folder / f"centres-{fed.model.size}-K{K}.pt"
+    if not path.exists():
+        save_centres(init_centres(fed, K, method="random"), path)
+    return path
+
+
+def _time_method(run: dict, data, device: str) -> tuple[float, float, float]:
+    """Seconds of a round of ``run``'s method on the store ``data`` (every client; the mean of
+    :data:`PROBE_ROUNDS` after a warm-up round) in local training and in the rest, and of one
+    evaluation, with one CPU thread."""
+    import torch
+
+    from mcfl import algorithms
+    from mcfl.evaluation import evaluate
+    from mcfl.federation import build_federation
+    from mcfl.timing import LocalClock
+    from mcfl.trainspec import TrainSpec
+
+    cls = algorithms.get(run["method"])
+    params = {k: (2 if v == "auto" else v) for k, v in run["params"].items()}
+    if "restarts" in {f.name for f in dataclasses.fields(cls.Params)}:
+        params["restarts"] = 1            # k-means' restarts are the initialisation's, counted apart
+    train = TrainSpec.of(_probe_train(run, data))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fed = build_federation(data, run["model"], train, 0, torch.device(device))
+        if cls.uses_centres(params):
+            fed.inputs["centres"] = _probe_centres(fed, int(params["K"]), Path(data.path).parent)
+        algo = cls(fed, cls.Params(**params))
+        state = algo.init()
+        clock = LocalClock(algo.fed.trainer, fed.device)
+        clients = fed.clients(1, algo.assignments(state) if fed.per_cluster else None)
+        state, _ = algo.round(state, clients, 1)                     # warm-up
+        clock.reset()
+        t = time.perf_counter()
+        for r in range(2, PROBE_ROUNDS + 2):      # a method's periodic server work (FedCG's teacher) too
+            state, _ = algo.round(state, clients, r)
+        clock.sync()
+        round_s = (time.perf_counter() - t) / PROBE_ROUNDS
+        local_s = clock.seconds / PROBE_ROUNDS
+        t = time.perf_counter()
+        evaluate(algo, state, fed, finetune_epochs=train.finetune_epochs, rnd=PROBE_ROUNDS + 1)
+        return local_s, max(0.0, round_s - local_s), time.perf_counter() - t
     finally:
         torch.set_num_threads(threads)
 

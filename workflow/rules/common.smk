@@ -64,13 +64,25 @@ wildcard_constraints:
 MLFLOW = {}
 
 
+def dag_jobs():
+    """The jobs Snakemake is about to run, as mcfl.cost.estimate reads them: (rule, wildcards,
+    indices of the jobs among them that each waits for); targets that run nothing (rule all) left out."""
+    todo = [job for job in workflow.dag.needrun_jobs() if not job.is_norun]
+    index = {job: i for i, job in enumerate(todo)}
+    return [
+        (job.rule.name, dict(job.wildcards_dict), tuple(index[d] for d in workflow.dag.dependencies[job] if d in index))
+        for job in todo
+    ]
+
+
 onstart:
-    # what the training still to do costs on this machine (mcfl.cost; `mcfl check-config` shows it
-    # run by run): timed on a few local steps of each model, a few seconds
+    # what the jobs Snakemake is about to run cost on this machine (mcfl.cost: its DAG's training
+    # runs, centre files and first local models, packed on the cores in the order they wait for each
+    # other; `mcfl check-config` shows every run): timed on a few local steps of each model, seconds
     try:
         from mcfl.cost import estimate
 
-        print(estimate(config, pending=True).summary(cores=workflow._cores, detail=False), flush=True)
+        print(estimate(config, dag=dag_jobs()).summary(cores=workflow._cores, detail=False), flush=True)
     except Exception as e:  # noqa: BLE001 - an estimate never stops the workflow
         print(f"(no cost estimate: {e})")
     if config["tracking"]:

@@ -51,7 +51,14 @@ def _cmd_check_config(a) -> int:
     if a.estimate:
         from mcfl.cost import estimate
 
-        print(estimate(cfg).summary(cores=available_cores()))
+        try:
+            est = estimate(cfg)
+        except (ValueError, RuntimeError, OSError) as e:    # the config is valid: say why, go on
+            print(f"(no cost estimate: {' '.join(str(e).split())})")
+            return 0
+        print(est.summary(cores=available_cores()))
+        print("  (snakemake prints the cost of the jobs it will actually run when it starts: "
+              "`snakemake -n` lists them)")
     return 0
 
 
