@@ -4,7 +4,10 @@ Every file the package produces goes through :func:`atomic_path` (or a helper bu
 killed process never leaves a half-written output that Snakemake or the report could mistake for a
 result: content is written to a temporary sibling (``.<name>.<pid>.<random>.tmp``) and renamed into
 place. A process killed mid-write (SIGKILL) leaves its temporary behind; the next write of the same
-path removes every such temporary whose process is gone (:func:`remove_stale_temps`).
+path removes every such temporary whose process is gone (:func:`remove_stale_temps`). Files and
+directories are created with the permissions the umask allows (as ``open`` would), not the private
+ones of :mod:`tempfile`. A command that writes a set of files stages them all first and renames the
+set into place (:func:`staged`), so a failure leaves the earlier set as it was.
 """
 
 from __future__ import annotations
@@ -22,20 +25,28 @@ from typing import Any, Iterator
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, *, is_dir: bool = False,
+                marker: str | None = None) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it onto ``path``.
 
-    On error the temporary file or directory is removed and ``path`` is left untouched.
+    On error the temporary file or directory is removed and ``path`` is left untouched. A directory
+    (``is_dir``) replaces an earlier one only if that is empty or holds ``marker`` (the file that
+    shows it is an output of the same kind, e.g. a store's ``meta.json``): a folder the command did
+    not make is refused with a ValueError before anything is written.
     """
     path = Path(path)
+    if is_dir:
+        _check_replaceable(path, marker)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(path)
         prefix = f".{path.name}.{os.getpid()}."
         if is_dir:
             tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=path.parent))
+            tmp.chmod(0o777 & ~umask())
         else:
             fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
+            os.fchmod(fd, 0o666 & ~umask())
             os.close(fd)
             tmp = Path(name)
     except OSError as e:
@@ -43,6 +54,7 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
     try:
         yield tmp
         if is_dir and path.exists():
+            _check_replaceable(path, marker)
             shutil.rmtree(path)
         os.replace(tmp, path)
     except BaseException as e:
@@ -53,6 +65,68 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         if isinstance(e, OSError) and (e.filename is None or str(e.filename).startswith(str(tmp))):
             raise named(e, path) from e         # the output's name, not the temporary's
         raise
+
+
+def _check_replaceable(path: Path, marker: str | None) -> None:
+    """A ValueError unless the directory ``path`` is absent, empty, or holds ``marker``."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise ValueError(f"{path}: exists and is not a directory; refusing to replace it")
+    if path.is_dir() and any(path.iterdir()) and not (marker and (path / marker).exists()):
+        what = f"has no {marker}" if marker else "is not empty"
+        raise ValueError(f"{path}: a folder this command did not write ({what}); refusing to "
+                         f"replace it: choose another --out or remove it first")
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (``/proc``); elsewhere
+    set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+@contextlib.contextmanager
+def staged(out: str | os.PathLike) -> Iterator[Path]:
+    """Write a set of files into the directory ``out`` all or nothing: yield a staging directory
+    (a hidden temporary inside ``out``, named as :func:`atomic_path` names its temporaries) to
+    write them into under their relative names (subfolders allowed); when every file is written,
+    rename each into place. A failure or a kill while writing (a full disk, SIGTERM) removes the
+    staging directory and leaves the earlier files in ``out`` as they were; only the final renames,
+    which write no data, stand between the two sets. Files of ``out`` the set does not name stay."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: --out must be a directory, not a file")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(out / _STAGED)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{_STAGED}.{os.getpid()}.", suffix=".tmp", dir=out))
+        tmp.chmod(0o777 & ~umask())
+    except OSError as e:
+        raise named(e, out) from e
+    try:
+        yield tmp
+        files = sorted(f.relative_to(tmp) for f in tmp.rglob("*") if not f.is_dir())
+        for f in files:
+            (out / f).parent.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            os.replace(tmp / f, out / f)
+    except OSError as e:
+        if e.filename is None:
+            raise named(e, out) from e
+        if str(e.filename).startswith(str(tmp)):           # the output's name, not the stage's
+            raise named(e, out / os.path.relpath(e.filename, tmp)) from e
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+_STAGED = "staged"
 
 
 def named(e: OSError, path: str | os.PathLike) -> OSError:
@@ -266,12 +340,12 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
     ``assignments.csv``; absent for unclustered methods): the one reader of run directories for
     every report."""
     d = Path(run_dir)
-    m = json.loads((d / "metrics.json").read_text())
+    m = read_metrics(d / "metrics.json")
     m["dir"] = d
     if history or predictions or clusters:
         import pandas as pd
     if history:
-        m["history"] = pd.read_csv(d / "history.csv")
+        m["history"] = read_csv(d / "history.csv")
     if predictions and (d / "predictions.csv").is_file():
         p = pd.read_csv(d / "predictions.csv", usecols=lambda c: c in ("client", "y", "pred"),
                         dtype={"client": str})
@@ -283,3 +357,41 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
         if len(a):
             m["cluster_of"] = dict(zip(a["client"], a["cluster"].astype(int)))
     return m
+
+
+#: the keys of a run's ``metrics.json`` that become parts of paths (figure names, run folders)
+NAME_KEYS = ("dataset", "method", "label", "run_id")
+
+
+def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
+    """A run's ``metrics.json``, checked: a JSON object whose names (:data:`NAME_KEYS`, where
+    present) are plain names (:func:`mcfl.paths.plain_name`); otherwise a one-line ValueError
+    naming the file (a truncated or binary file, a ``dataset`` of ``../../x``)."""
+    return parse_metrics(Path(path).read_bytes(), path)
+
+
+def parse_metrics(raw: bytes, path: str | os.PathLike) -> dict[str, Any]:
+    """:func:`read_metrics` of the bytes ``raw`` read from ``path``."""
+    from mcfl.paths import plain_name
+
+    try:
+        m = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path}: not a run's metrics (not UTF-8 JSON: {' '.join(str(e).split())[:100]})") from None
+    if not isinstance(m, dict):
+        raise ValueError(f"{path}: not a run's metrics (a JSON {type(m).__name__}, not an object)")
+    for key in NAME_KEYS:
+        if key in m:
+            plain_name(m[key], f"{path}: {key}")
+    return m
+
+
+def read_csv(path: str | os.PathLike, **kwargs: Any):
+    """``pandas.read_csv`` whose failures on a damaged file (not UTF-8, not CSV) are one
+    ValueError naming it."""
+    import pandas as pd
+
+    try:
+        return pd.read_csv(path, **kwargs)
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise ValueError(f"{path}: not a readable CSV file ({' '.join(str(e).split())[:100]})") from None

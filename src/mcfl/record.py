@@ -6,12 +6,11 @@ its faults and the live :class:`~mcfl.track.MLflowTracker` are :mod:`mcfl.track`
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from pathlib import Path
 from typing import Iterable
 
-from mcfl.io import OUTPUTS
+from mcfl.io import OUTPUTS, parse_metrics, read_csv
 from mcfl.track import (VIEW_KEY, MLflowTracker, _client, _ms, _retry, check_server, differing_settings,
                         experiment_id, store_lock, tracking_uri)
 
@@ -50,8 +49,6 @@ def _round_times(rows: list[dict], start_s: float) -> list[int]:
 def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tuple[str, str]]:
     import math
 
-    import pandas as pd
-
     client = _client()
     exp = experiment_id(client, experiment)
     known, live = {}, {}
@@ -76,7 +73,7 @@ def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tu
     for d in map(Path, run_dirs):
         raw = (d / "metrics.json").read_bytes()
         key = hashlib.sha256(raw).hexdigest()[:32]
-        m = json.loads(raw)
+        m = parse_metrics(raw, d / "metrics.json")     # a damaged file: one line naming it
         if key in known or m.get("run_hash") in live:
             out.append((str(d), known.get(key) or live[m["run_hash"]]))
             continue
@@ -84,7 +81,7 @@ def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tu
             raise ValueError(f"{d / 'metrics.json'}: no 'config' (written by an older mcfl); "
                              f"rerun the training job to record it")
         rows = [{k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
-                for row in pd.read_csv(d / "history.csv").to_dict("records")]
+                for row in read_csv(d / "history.csv").to_dict("records")]
         end_s = (d / "metrics.json").stat().st_mtime
         start_s = end_s - float(m.get("wall_s") or 0.0)
         t = MLflowTracker(experiment, client=client, defer=False)

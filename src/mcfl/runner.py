@@ -53,6 +53,7 @@ import torch
 
 from mcfl import algorithms
 from mcfl.bounds import check_run
+from mcfl.checkpoints import checkpoint_owner, refuse_foreign_checkpoint
 from mcfl.data.store import StoreError, load, warn_untested
 from mcfl.divergence import COLUMN as DIVERGED, DivergenceWatch, summary as divergence_summary
 from mcfl.errors import REMEDY, DivergenceError
@@ -239,10 +240,14 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     tracker = tracker or NullTracker()
     out_dir = Path(out_dir)
     ckpt_path = Path(checkpoint) if checkpoint else None
-    if ckpt_path and ckpt_path.exists() and not ckpt_path.is_file():
-        raise ValueError(f"{ckpt_path}: --checkpoint must be a file path, not a directory")
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"{out_dir}: --out must be a directory, not a file")
+    run_hash = config_hash({k: run[k] for k in ("dataset", "method", "params", "model", "train", "seed")})
+    if ckpt_path:
+        if ckpt_path.resolve() in {(out_dir / name).resolve() for name in RESULTS}:
+            raise ValueError(f"{ckpt_path}: --checkpoint is one of the run's outputs in --out; give the "
+                             f"checkpoint a path of its own")
+        refuse_foreign_checkpoint(ckpt_path, run, run_hash)
     for name in RESULTS:                    # a stale result must not outlive a failed rerun
         (out_dir / name).unlink(missing_ok=True)
         remove_stale_temps(out_dir / name)
@@ -260,7 +265,6 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     check_run(tcfg, run["model"], data, K=run["params"].get("K"), device=dev)   # before allocating
     fed = build_federation(data, run["model"], tcfg, run["seed"], dev, inputs)
     algo = cls(fed, params)
-    run_hash = config_hash({k: run[k] for k in ("dataset", "method", "params", "model", "train", "seed")})
     identity = {"git": git_revision(), "data_hash": data.content_hash, "run_hash": run_hash,
                 "threads": torch.get_num_threads(), "torch": str(torch.__version__),
                 # the CPU kernels PyTorch picked (AVX2, AVX512...): they round differently, so a CPU
@@ -282,6 +286,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     evaluation_protocols = protocols(tcfg.eval_protocols)
     ck_every = int(tcfg.checkpoint_every or 0) if ckpt_path else 0
     ck_clock = CheckpointClock()
+    ck_identity = {**identity, "owner": checkpoint_owner(run)}     # whose checkpoint it is
     bar = _progress(range(start, rounds + 1), run, progress)
     # the trainer the algorithm trains with: FedCG and FedFusion build one for their own network
     clock = LocalClock(algo.fed.trainer, fed.device)
@@ -320,7 +325,7 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
             tracker.log({k: v for k, v in row.items() if k != "round"}, step=r)
             if ck_every and r % ck_every == 0 and r < rounds and ck_clock.due():
                 t_ck = ck_clock.clock()
-                _save_checkpoint(ckpt_path, algo, state, r, rows, identity, tracking_id,
+                _save_checkpoint(ckpt_path, algo, state, r, rows, ck_identity, tracking_id,
                                  _segments(ck, here, start, r))
                 ck_clock.wrote(t_ck)
                 tracker.flush()

@@ -1,4 +1,4 @@
-"""Experiment tracking. Only this module and :mod:`mcfl.record` import MLflow; everything else calls a :class:`Tracker`.
+"""Experiment tracking. Only this module, :mod:`mcfl.track_store` and :mod:`mcfl.record` import MLflow; everything else calls a :class:`Tracker`.
 
 Store: ``$MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<cwd>/mlflow.db`` (absolute, so jobs that
 change directory still find it); artifacts under ``<cwd>/mlartifacts`` (a server keeps its own).
@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-
+from mcfl.track_store import TrackingError, create_sqlite_store, quiet_mlflow, refuse_directory
 
 log = logging.getLogger("mcfl")
 SWEEP_ENV = "MCFL_SWEEP"        # this invocation's name, tagged `sweep` on every run
@@ -67,10 +67,6 @@ VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
 METRICS = ("micro_acc", "macro_acc", "micro_f1", "macro_f1", "ari")
 #: the run settings it shows (params), then those that differ between the experiment's runs
 PARAMS = ("dataset", "method", "params.K", "seed")
-
-
-class TrackingError(ConnectionError):
-    """The tracking store cannot be used; the message is one line naming the URI and what to do."""
 
 
 def tracking_error(e: BaseException, uri: str | None = None) -> TrackingError:
@@ -145,14 +141,18 @@ def store_lock(purpose: str, uri: str | None = None):
 
 def _client():
     """An MLflow client; opened under the store's ``init`` lock, since opening a sqlite store
-    creates or migrates its tables."""
+    creates or migrates its tables. A new sqlite store is made whole first
+    (:func:`mcfl.track_store.create_sqlite_store`)."""
+    uri = tracking_uri()
+    refuse_directory(uri)                       # before MLflow's import: at once
     from mlflow import MlflowClient
 
-    uri = tracking_uri()
+    quiet_mlflow()                              # after it: MLflow sets its loggers when imported
     try:
         if not uri.startswith("sqlite:"):
             return MlflowClient(tracking_uri=uri)
         with store_lock("init", uri):
+            create_sqlite_store(uri)
             return MlflowClient(tracking_uri=uri)
     except Exception as e:  # noqa: BLE001 - sqlalchemy, sqlite, MLflow's URI registry, OSError
         raise tracking_error(e, uri) from e

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 
-from mcfl.cli.commands import COMMANDS, available_cores
+from mcfl.cli.commands import COMMANDS, available_cores, refuse_own_inputs
 from mcfl.cli.parser import build_parser
 
 __all__ = ["COMMANDS", "available_cores", "build_parser", "error_line", "main", "run"]
@@ -45,6 +45,49 @@ def error_line(e: BaseException) -> str:
     return " ".join(text.split()) or type(e).__name__
 
 
+#: the commands whose result is what they print: a failed stdout fails them
+PRINTED_RESULT = ("check-config", "methods")
+#: the exit status when even stderr cannot be written (a full disk under ``logs/``): sysexits'
+#: EX_IOERR, which Snakemake shows in its own error message ("returned non-zero exit status 74")
+EX_IOERR = 74
+
+
+class _Stdout:
+    """``sys.stdout`` for one command: a write that fails (``mcfl train > /dev/full``, a closed
+    pipe) is remembered, not raised, so the command finishes its real outputs; :func:`main` then
+    reports it."""
+
+    def __init__(self, stream):
+        self.stream, self.error = stream, None
+
+    def write(self, text: str) -> int:
+        if self.error is None:
+            try:
+                return self.stream.write(text)
+            except OSError as e:
+                self.error = e
+        return len(text)
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self.stream.flush()
+            except OSError as e:
+                self.error = e
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def _say(line: str) -> int:
+    """Print ``line`` on stderr; 0, or :data:`EX_IOERR` if stderr cannot be written either."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+        return 0
+    except OSError:
+        return EX_IOERR
+
+
 def main(argv: list[str] | None = None) -> int:
     # cuBLAS reads this when CUDA first uses it; set here, before anything can (see runner.configure_torch)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -55,13 +98,26 @@ def main(argv: list[str] | None = None) -> int:
     from mcfl.errors import DivergenceError
 
     previous = signal.signal(signal.SIGTERM, _terminate)
+    out = sys.stdout = _Stdout(sys.stdout)
     try:
-        return COMMANDS[args.cmd](args)
+        refuse_own_inputs(args)
+        code = COMMANDS[args.cmd](args)
+        out.flush()
+        return code if out.error is None else _stdout_failed(args.cmd, out.error, code)
     except (ValueError, OSError, MemoryError, RecursionError, DivergenceError) as e:   # ConfigError, StoreError too
-        print(f"mcfl {args.cmd}: error: {error_line(e)}", file=sys.stderr)
-        return 1
+        return _say(f"mcfl {args.cmd}: error: {error_line(e)}") or 1
     finally:
+        sys.stdout = out.stream
         signal.signal(signal.SIGTERM, previous)
+
+
+def _stdout_failed(cmd: str, e: OSError, code: int) -> int:
+    """A command whose stdout could not be written: for :data:`PRINTED_RESULT` commands an error;
+    for the others, whose results are their files (written in full by now), a warning, exit 0."""
+    what = error_line(OSError(e.errno, e.strerror or str(e), "stdout"))
+    if cmd in PRINTED_RESULT:
+        return _say(f"mcfl {cmd}: error: {what}") or 1
+    return _say(f"mcfl {cmd}: warning: {what}: the summary was not printed; the outputs are complete") or code
 
 
 def run() -> None:

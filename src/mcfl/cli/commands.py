@@ -285,6 +285,40 @@ def _cmd_fedgsp(a) -> int:
     return main(a)
 
 
+#: the options that name a command's inputs (files or folders it reads)
+INPUT_OPTIONS = ("store", "runs", "run_dirs", "dir", "images", "state", "assignments", "centres",
+                 "first_models", "k_from", "files", "results", "config", "paper_results",
+                 "authors_results")
+#: the commands whose ``--out`` is a folder replaced as a whole (a store, a LEAF folder): it must
+#: not contain an input either
+WHOLE_FOLDER_OUT = ("prepare", "partition", "import-leaf", "export-leaf", "download")
+
+
+def refuse_own_inputs(a) -> None:
+    """A one-line error before any work if a command's ``--out`` (or ``--checkpoint``) is one of its
+    inputs, or, for a folder replaced as a whole, contains one (:func:`mcfl.paths.refuse_overlap`):
+    ``mcfl partition S --out S`` would delete the store it reads."""
+    from mcfl.paths import refuse_overlap
+
+    def paths(value) -> list:
+        values = value if isinstance(value, list) else [value]
+        return [v for v in values if isinstance(v, str) and v]
+
+    inputs = [p for k in INPUT_OPTIONS for p in paths(getattr(a, k, None))]
+    if a.cmd == "prepare":                     # a source's own path options (raw files, a zip)
+        inputs += [v for k, v in vars(a).items() if k not in ("cmd", "out", "source")
+                   and isinstance(v, str) and v and os.path.exists(v)]
+    whole = a.cmd in WHOLE_FOLDER_OUT
+    for flag in ("out", "checkpoint"):
+        for out in paths(getattr(a, flag, None)):
+            if whole:
+                refuse_overlap([out], inputs, flag=f"--{flag}")
+            else:                              # files written inside --out: only equality harms
+                same = [i for i in inputs if os.path.realpath(i) == os.path.realpath(out)]
+                if same:
+                    raise ValueError(f"--{flag} {out}: is the input {same[0]}; write the output elsewhere")
+
+
 COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
             "first-models": _cmd_first_models, "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
             "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,

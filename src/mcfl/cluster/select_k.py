@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from mcfl.data.write import write_arrays
-from mcfl.io import atomic_path, write_text
+from mcfl.io import atomic_path, staged, write_text
 
 
 @dataclass
@@ -66,8 +66,6 @@ def write_select_k_report(files: list[Path], out: Path) -> None:
     rows = [{"dataset": r["dataset"], "label": r["label"], "seed": r["seed"],
              "criterion": r["settings"]["criterion"], "chosen_K": r["K"], **s} for r in results
             for s in r["scores"]]
-    with atomic_path(out / "select_k.csv") as tmp:
-        pd.DataFrame(rows).to_csv(tmp, index=False)
     lines = ["# K selection (FeSEM §5.2)", "",
              "| dataset | method | seed | criterion | chosen K | micro acc (%) per candidate K |",
              "|---|---|---|---|---|---|"]
@@ -75,4 +73,7 @@ def write_select_k_report(files: list[Path], out: Path) -> None:
         cand = ", ".join(f"K={s['K']}: {100 * s['micro_acc']:.1f}" for s in r["scores"])
         lines.append(f"| {r['dataset']} | {r['label']} | {r['seed']} | {r['settings']['criterion']} | "
                      f"{r['K']} | {cand} |")
-    write_text(out / "select_k.md", "\n".join(lines) + "\n")
+    with staged(out) as stage:          # both files or neither (mcfl.io.staged)
+        with atomic_path(stage / "select_k.csv") as tmp:
+            pd.DataFrame(rows).to_csv(tmp, index=False)
+        write_text(stage / "select_k.md", "\n".join(lines) + "\n")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from mcfl.config.files import ConfigError, _path
 from mcfl.config.validate import _check_numbers, _schema, method_params
+from mcfl.paths import plain_name
 
 RUN_KEYS = ("dataset", "method", "label", "run_id", "seed", "params", "model", "train")
 SPEC_KEYS = ("dataset", "seed", "model", "train", "K")
@@ -38,6 +39,12 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool | tuple[str, ...]
         raise ConfigError(f"{flag}: missing keys {', '.join(missing)}; pass a run's JSON as "
                           f"`mcfl.config.expand_runs` makes it")
     try:
+        for key in ("dataset", "label", "run_id", "method"):    # parts of paths (mcfl.paths)
+            if key in run:
+                try:
+                    plain_name(run[key], key)
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
         _check_numbers(run, [])
         for key in ("train", "model") + (("params",) if keys is RUN_KEYS else ()):
             if not isinstance(run[key], dict):

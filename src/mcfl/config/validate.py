@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mcfl.config.files import MAX_DEPTH, MAX_RUNS, ConfigError, _path
+from mcfl.paths import plain_name
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schema" / "config.schema.yaml"
 
@@ -305,6 +306,11 @@ def _validate(cfg: dict, source: str) -> dict:
                               f"{r['train']['clients_per_round']}): a round trains {c} clients of each cluster")
     seen: dict[tuple, int] = {}
     for r in runs:
+        for k in ("dataset", "label", "run_id"):       # parts of the run's paths (mcfl.paths)
+            try:
+                plain_name(r[k], k)
+            except ValueError as e:
+                raise ConfigError(f"{source}: methods: {e}") from None
         key = (r["dataset"], r["run_id"], r["seed"])
         if key in seen:
             raise ConfigError(f"{source}: methods: two entries both make run {r['run_id']!r}; give "

@@ -69,7 +69,7 @@ def write_arrays(out: str | Path, arrays: dict[str, np.ndarray], meta: dict[str,
     out = Path(out)
     check_arrays(out, arrays, meta, finite=True)
     warn_untested(out, meta["client_ids"], np.diff(arrays["offsets_test"]))
-    with atomic_path(out, is_dir=True) as tmp:
+    with atomic_path(out, is_dir=True, marker="meta.json") as tmp:
         files = {}
         for name in ARRAYS + tuple(n for n in OPTIONAL if n in arrays):
             try:

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mcfl.io import atomic_path, read_run, write_text
+from mcfl.io import atomic_path, read_run, staged, write_text
 from mcfl.report.format import machines, machines_section, markdown_table, mean_std
 from mcfl.metrics import paired_counts, sign_test_p
 
@@ -236,10 +236,11 @@ TITLES = {"table3": "Table 3: how to use domain information (oracle domains)",
 
 def write_fedcg_report(run_dirs: list[Path], out: Path) -> dict[str, pd.DataFrame]:
     ts = tables(load_runs(run_dirs))
-    for name, t in ts.items():
-        with atomic_path(out / f"{name}.csv") as tmp:
-            t.round(4).to_csv(tmp, index=False)
-    where = machines_section(ts["table5"], {"rows": "machine"}, lambda r: f"{r['label']} ({r['dataset']})")
-    write_text(out / "tables.md", "\n".join(to_markdown(n, t, TITLES[n]) for n, t in ts.items())
-               + ("\n### Machines (Table 5's rows)\n\n" + "\n".join(where) + "\n" if where else ""))
+    with staged(out) as stage:                  # all four files or none (mcfl.io.staged)
+        for name, t in ts.items():
+            with atomic_path(stage / f"{name}.csv") as tmp:
+                t.round(4).to_csv(tmp, index=False)
+        where = machines_section(ts["table5"], {"rows": "machine"}, lambda r: f"{r['label']} ({r['dataset']})")
+        write_text(stage / "tables.md", "\n".join(to_markdown(n, t, TITLES[n]) for n, t in ts.items())
+                   + ("\n### Machines (Table 5's rows)\n\n" + "\n".join(where) + "\n" if where else ""))
     return ts

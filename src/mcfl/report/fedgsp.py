@@ -36,7 +36,7 @@ from mcfl.cluster.icg import icg_groups, random_groups
 from mcfl.data.store import load
 from mcfl.fedgsp.metrics import (CostModel, class_counts, group_counts, pairwise_cpd,
                                  rounds_to_target, run_cost)
-from mcfl.io import atomic_path, read_run, write_text
+from mcfl.io import atomic_path, read_run, staged, write_text
 from mcfl.metrics import paired_counts, sign_test_p
 from mcfl.report.format import (diverged_cell, diverged_note, machine, machines_section, markdown_table,
                                 mean_std)
@@ -421,18 +421,20 @@ def add_parser(sub, help: str = "FedGSP tables and figures (CPD, Table 1, heatma
 
 
 def main(a) -> int:
-    out = Path(a.out)
+    with staged(a.out) as out:          # every file of the command or none (mcfl.io.staged)
+        text = _write(a, out)
+    print(text)
+    return 0
+
+
+def _write(a, out: Path) -> str:
     if a.what == "cpd":
         s = write_cpd(a.store, out, a.groups, a.seeds, rounding=a.rounding, icg_iters=a.icg_iters, sigma=a.sigma)
-        print(s.to_string(index=False))
-        return 0
+        return s.to_string(index=False)
     dirs = [Path(d) for d in a.run_dirs]
     if a.what == "heatmap":
-        print(write_heatmap(dirs, out).to_string(index=False))
-        return 0
+        return write_heatmap(dirs, out).to_string(index=False)
     train, cost = json.loads(a.train), CostModel(**json.loads(a.cost))
     if a.what == "table":
-        print(table_markdown(write_table(dirs, train, a.store, a.target, out, cost)))
-    else:
-        print(write_kappa(dirs, train, a.store, out, cost).to_string(index=False))
-    return 0
+        return table_markdown(write_table(dirs, train, a.store, a.target, out, cost))
+    return write_kappa(dirs, train, a.store, out, cost).to_string(index=False)

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mcfl.io import atomic_path, read_run, write_text
+from mcfl.io import atomic_path, read_run, staged, write_text
 from mcfl.metrics import paired_counts, sign_test_p
 from mcfl.report.format import machines, machines_section, markdown_table, mean_std
 from mcfl.report.paper import paper_tables
@@ -296,8 +296,9 @@ def write(run_dirs: list[str | Path], out: str | Path, *, paper_results: str | P
     t = table(runs, paper_runs, reference, authors_runs)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out.with_suffix(".csv")) as tmp:
-        t.round(4).to_csv(tmp, index=False)
-    write_text(out.with_suffix(".md"), to_markdown(t, protocol_names(runs), reference, title or TITLE,
-                                                   authors=authors_results is not None))
+    with staged(out.parent) as stage:          # both files or neither (mcfl.io.staged)
+        with atomic_path(stage / out.with_suffix(".csv").name) as tmp:
+            t.round(4).to_csv(tmp, index=False)
+        write_text(stage / out.with_suffix(".md").name, to_markdown(t, protocol_names(runs), reference, title or TITLE,
+                                                         authors=authors_results is not None))
     return t

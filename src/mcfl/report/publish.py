@@ -11,13 +11,12 @@ which includes ``NAME.md``; nothing is retyped.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import platform
 import shutil
 from pathlib import Path
 
-from mcfl.io import write_text
+from mcfl.io import read_metrics, staged, write_text
 
 
 def cpu_model() -> str:
@@ -34,7 +33,7 @@ def provenance(run_dirs: list[Path], config: str) -> str:
     """One line: date, runs, devices, torch, CPU kernels, git revisions, this machine."""
     seen = {k: set() for k in ("device", "torch", "cpu", "git")}
     for d in run_dirs:
-        m = json.loads((Path(d) / "metrics.json").read_text())
+        m = read_metrics(Path(d) / "metrics.json")
         for k in seen:
             seen[k].add(str(m.get(k))[:7] if k == "git" else str(m.get(k)))
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -50,15 +49,16 @@ def publish(results: Path, run_dirs: list[Path], out: Path, config: str, title: 
     ``results`` whose PNGs are copied (``.`` for ``results`` itself)."""
     results, out = Path(results), Path(out)
     figs = sorted((results / figures).glob("*.png"))
-    fig_dir = out.parent.parent / "figures" / "dag" / out.name
-    if figs:
-        fig_dir.mkdir(parents=True, exist_ok=True)
+    root = out.parent.parent                  # the page and its figures, written as one set
+    fig_dir = root / "figures" / "dag" / out.name
     lines = [f"# {title}", "", provenance(run_dirs, config), "",
              (results / "table.md").read_text().strip(), ""]
-    for f in figs:
-        shutil.copyfile(f, fig_dir / f.name)
-        rel = os.path.relpath(fig_dir / f.name, out.parent)
-        lines += [f"![{f.stem}]({rel})", ""]
     page = out.with_suffix(".md")
-    write_text(page, "\n".join(lines))
+    with staged(root) as stage:
+        for f in figs:
+            (stage / fig_dir.relative_to(root)).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, stage / fig_dir.relative_to(root) / f.name)
+            rel = os.path.relpath(fig_dir / f.name, out.parent)
+            lines += [f"![{f.stem}]({rel})", ""]
+        write_text(stage / page.relative_to(root), "\n".join(lines))
     return page

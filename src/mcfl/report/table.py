@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mcfl.io import atomic_path, read_run, write_text
+from mcfl.io import atomic_path, read_run, staged, write_text
+from mcfl.paths import child
 from mcfl.report.format import diverged_cell, diverged_note, markdown_html, markdown_table, mean_std
 from mcfl.report.paper import write_comparison
 
@@ -117,14 +118,18 @@ def convergence_figure(hist: pd.DataFrame, dataset: str, path: Path) -> None:
 
 
 def write_report(run_dirs: list[Path], out: Path, sources: dict[str, str] | None = None) -> None:
+    """Every file of the report, all or nothing (:func:`mcfl.io.staged`): a failure leaves the
+    earlier report as it was."""
     finals, hist = collect(run_dirs)
     table = summary_table(finals)
-    with atomic_path(out / "table.csv") as tmp:
-        table.round(4).to_csv(tmp, index=False)
-    write_text(out / "table.md", to_markdown(table) + divergence_notes(finals))
-    write_comparison(table, out, sources)          # paper_comparison.csv/.md (mcfl.report.paper)
-    for name, title in (("table", "Results"), ("paper_comparison", "Comparison with the papers")):
-        # the same tables for Snakemake's report, which shows HTML inline (a CSV only as a download)
-        write_text(out / f"{name}.html", markdown_html((out / f"{name}.md").read_text(), title))
-    for ds in dict.fromkeys(finals["dataset"]):
-        convergence_figure(hist, ds, out / "figures" / f"convergence_{ds}.png")
+    with staged(out) as stage:
+        with atomic_path(stage / "table.csv") as tmp:
+            table.round(4).to_csv(tmp, index=False)
+        write_text(stage / "table.md", to_markdown(table) + divergence_notes(finals))
+        write_comparison(table, stage, sources)        # paper_comparison.csv/.md (mcfl.report.paper)
+        for name, title in (("table", "Results"), ("paper_comparison", "Comparison with the papers")):
+            # the same tables for Snakemake's report, which shows HTML inline (a CSV only as a download)
+            write_text(stage / f"{name}.html", markdown_html((stage / f"{name}.md").read_text(), title))
+        for ds in dict.fromkeys(finals["dataset"]):
+            convergence_figure(hist, ds, child(stage / "figures", ds, "metrics.json: dataset",
+                                               prefix="convergence_", suffix=".png"))

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from mcfl.data.store import load
-from mcfl.io import atomic_path, read_run, write_text
+from mcfl.io import atomic_path, read_run, staged, write_text
 from mcfl.report.format import markdown_table
 
 STATS = ["ink_darkness", "ink_fraction", "slant", "digits", "upper", "lower", "label_entropy", "n_train"]
@@ -138,12 +138,13 @@ def write(store_path: str | Path, run_dirs: list[str | Path], out: str | Path, *
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sh = pd.DataFrame(share_rows, columns=["label", "seed", "domain", "stat", "rho", "p"])
-    with atomic_path(out.with_suffix(".csv")) as tmp:
-        t.round(6).to_csv(tmp, index=False)
-    if shares:
-        with atomic_path(out.parent / f"{out.name}-shares.csv") as tmp:
-            sh.round(6).to_csv(tmp, index=False)
-    write_text(out.with_suffix(".md"), to_markdown(t, means) + shares_markdown(sh, mix))
+    with staged(out.parent) as stage:          # every file or none (mcfl.io.staged)
+        with atomic_path(stage / out.with_suffix(".csv").name) as tmp:
+            t.round(6).to_csv(tmp, index=False)
+        if shares:
+            with atomic_path(stage / f"{out.name}-shares.csv") as tmp:
+                sh.round(6).to_csv(tmp, index=False)
+        write_text(stage / out.with_suffix(".md").name, to_markdown(t, means) + shares_markdown(sh, mix))
     return t
 
 

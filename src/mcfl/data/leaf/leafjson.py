@@ -354,7 +354,7 @@ def export_leaf(store: str | Path, out: str | Path) -> Path:
     """Write a store as a LEAF data directory (``all_data/``, ``train/``, ``test/``) at ``out``."""
     d = load(store)
     n = d.n_clients
-    with atomic_path(out, is_dir=True) as tmp:
+    with atomic_path(out, is_dir=True, marker="all_data") as tmp:
         for sub in ("all_data", "train", "test"):
             (tmp / sub).mkdir()
         for j in range(math.ceil(n / USERS_PER_FILE)):
