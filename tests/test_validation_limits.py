@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -182,3 +183,69 @@ def test_snakemake_names_the_config_value(tmp_path, cli_env):
                           cwd=ROOT, capture_output=True, text=True, env=cli_env, timeout=300)
     assert proc.returncode != 0
     assert "invalid configuration: --config seeds=abc: seeds: 'abc' is not of type 'array'" in proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------------ Dirichlet's alpha
+def test_a_tiny_alpha_deals_each_class_whole_to_a_client_that_is_not_full():
+    """alpha -> 0 puts all of p_k on one client; where that client is full, the reference code's 0/0
+    gave NaN cut points and dealt the class to the last client past its N/J cap: the try is redone."""
+    import warnings
+
+    import numpy as np
+
+    from mcfl.data.partition import dirichlet_partition
+
+    labels = np.repeat(np.arange(6), 20)
+    for seed in range(5):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            parts = dirichlet_partition(labels, 3, 1e-300, np.random.default_rng(seed))
+        assert sorted(np.concatenate(parts).tolist()) == list(range(120))
+        assert all(len(set(labels[p].tolist()) & {k}) == 0 or set(np.flatnonzero(labels == k)) <= set(p.tolist())
+                   for p in parts for k in range(6))             # each class whole on one client
+        assert max(len(p) for p in parts) == 40                  # none past N/J = 40
+
+
+def test_alpha_whose_proportions_float64_cannot_hold_is_refused():
+    import numpy as np
+
+    from mcfl.data.partition import dirichlet_partition
+
+    with pytest.raises(ValueError, match=r"alpha: 1\.7e\+308 is not allowed: its Dirichlet proportions"):
+        dirichlet_partition(np.repeat(np.arange(3), 10), 10, 1.7e308, np.random.default_rng(0))
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory):
+    from mcfl.data import prepare
+
+    return prepare("digits", tmp_path_factory.mktemp("data") / "digits", clients=8, clusters=2, seed=0)
+
+
+@pytest.mark.parametrize("alpha, message", [
+    ("nan", r"--alpha: nan is not allowed: a Dirichlet concentration must be a positive finite number"),
+    ("inf", r"--alpha: inf is not allowed"), ("-0.5", r"--alpha: -0\.5 is not allowed"),
+    ("1.7e308", r"--alpha: 1\.7e\+308 is not allowed: its Dirichlet proportions are not defined in float64"),
+])
+def test_partition_refuses_an_alpha_without_a_valid_draw_naming_the_flag(alpha, message, small_store,
+                                                                         tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["partition", str(small_store), "--out", str(out), "--scheme", "dirichlet",
+                     "--alpha", alpha]) == 1
+    _one_line(capsys.readouterr().err, "partition", message)
+    assert not out.exists()
+
+
+def test_a_tiny_alpha_gives_a_valid_partition_or_a_clear_refusal(small_store, tmp_path, capsys):
+    from mcfl.data import load
+
+    args = ["partition", str(small_store), "--scheme", "dirichlet", "--alpha", "1e-300"]
+    assert cli.main(args + ["--out", str(tmp_path / "few")]) == 0      # 8 clients, 10 classes
+    src, few = load(small_store), load(tmp_path / "few")
+    assert len(few.y_train) + len(few.y_test) == len(src.y_train) + len(src.y_test)
+    sizes = np.diff(few.offsets_train) + np.diff(few.offsets_test)
+    assert sizes.min() >= 5
+    capsys.readouterr()
+    assert cli.main(args + ["--clients", "40", "--out", str(tmp_path / "many")]) == 1
+    _one_line(capsys.readouterr().err, "partition", r"Dirichlet\(1e-300\) partition gave a client fewer than 5")
+    assert not (tmp_path / "many").exists()
