@@ -249,3 +249,29 @@ def test_a_tiny_alpha_gives_a_valid_partition_or_a_clear_refusal(small_store, tm
     assert cli.main(args + ["--clients", "40", "--out", str(tmp_path / "many")]) == 1
     _one_line(capsys.readouterr().err, "partition", r"Dirichlet\(1e-300\) partition gave a client fewer than 5")
     assert not (tmp_path / "many").exists()
+
+
+# ------------------------------------------------------------- JSON files the package reads back
+def test_a_runs_metrics_json_that_is_a_device_or_fifo_is_refused_by_name(tmp_path):
+    from mcfl.io import read_run
+
+    (tmp_path / "a").mkdir()
+    os.mkfifo(tmp_path / "a" / "metrics.json")
+    with pytest.raises(InputError, match=r"a/metrics\.json: is a pipe \(FIFO\), not a run's metrics\.json"):
+        read_run(tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "metrics.json").write_text('{"label": ')
+    with pytest.raises(InputError, match=r"b/metrics\.json: not valid JSON"):
+        read_run(tmp_path / "b")
+
+
+def test_a_store_whose_meta_json_is_a_device_is_refused_by_name(tmp_path):
+    from mcfl.data import load
+    from mcfl.data.store import StoreError
+
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero")
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "meta.json").symlink_to("/dev/zero")
+    with pytest.raises(StoreError, match=r"s/meta\.json: is a character device, not a store's meta\.json"):
+        load(tmp_path / "s")

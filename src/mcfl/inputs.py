@@ -80,3 +80,20 @@ def read_limited(path: str | os.PathLike, limit: int, *, what: str = "file",
     if n > limit:
         raise InputError(f"{path}: more than {limit} bytes; a {what} may hold at most {limit} bytes")
     return b"".join(chunks)
+
+
+#: the most bytes a JSON file the package reads back may hold (a run's metrics.json, a store's
+#: meta.json, a select-k result: each a few kB to a few MB)
+MAX_JSON_BYTES = 1 << 28
+
+
+def read_json(path: str | os.PathLike, limit: int = MAX_JSON_BYTES, *, what: str = "JSON file"):
+    """A JSON file read with :func:`read_limited` (regular files only) and parsed; what is not
+    JSON is an :class:`InputError` naming the file. A missing file is a ``FileNotFoundError``."""
+    import json
+
+    raw = read_limited(path, limit, what=what)
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:     # JSONDecodeError, UnicodeDecodeError, ...
+        raise InputError(f"{path}: not valid JSON ({' '.join(str(e).split())[:160]})") from None

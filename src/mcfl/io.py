@@ -265,8 +265,10 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
     its writer ``client``; with ``clusters``, each client's final cluster (``cluster_of``, from
     ``assignments.csv``; absent for unclustered methods): the one reader of run directories for
     every report."""
+    from mcfl.inputs import read_json
+
     d = Path(run_dir)
-    m = json.loads((d / "metrics.json").read_text())
+    m = read_json(d / "metrics.json", what="run's metrics.json")
     m["dir"] = d
     if history or predictions or clusters:
         import pandas as pd
