@@ -48,6 +48,17 @@ def check_regular(path: str | os.PathLike, what: str = "file") -> None:
         raise InputError(f"{path}: is {kind(mode)}, not a {what}")
 
 
+def present(path: str | os.PathLike, what: str = "file") -> bool:
+    """Whether the optional input ``path`` is there to be read: True for a regular file, False
+    where nothing is; anything else (a FIFO, a device, a dangling link) is refused by
+    :func:`check_regular`, not taken for absent."""
+    path = Path(path)
+    if not (path.exists() or path.is_symlink()):
+        return False
+    check_regular(path, what)
+    return True
+
+
 def read_limited(path: str | os.PathLike, limit: int, *, what: str = "file",
                  pipes: bool = False) -> bytes:
     """The bytes of ``path``, at most ``limit`` of them: a longer file or stream is refused after

@@ -265,22 +265,25 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
     its writer ``client``; with ``clusters``, each client's final cluster (``cluster_of``, from
     ``assignments.csv``; absent for unclustered methods): the one reader of run directories for
     every report."""
-    from mcfl.inputs import read_json
+    from mcfl.inputs import InputError, check_regular, present, read_json
 
     d = Path(run_dir)
     m = read_json(d / "metrics.json", what="run's metrics.json")
+    if not isinstance(m, dict):
+        raise InputError(f"{d / 'metrics.json'}: not a run's metrics.json (a JSON object)")
     m["dir"] = d
     if history or predictions or clusters:
         import pandas as pd
     if history:
+        check_regular(d / "history.csv", "run's history.csv")
         m["history"] = pd.read_csv(d / "history.csv")
-    if predictions and (d / "predictions.csv").is_file():
+    if predictions and present(d / "predictions.csv", "run's predictions.csv"):
         p = pd.read_csv(d / "predictions.csv", usecols=lambda c: c in ("client", "y", "pred"),
                         dtype={"client": str})
         m["y"], m["hit"] = p["y"].to_numpy(), (p["y"] == p["pred"]).to_numpy()
         if "client" in p:
             m["client"] = p["client"].to_numpy()
-    if clusters and (d / "assignments.csv").is_file():
+    if clusters and present(d / "assignments.csv", "run's assignments.csv"):
         a = pd.read_csv(d / "assignments.csv", dtype={"client": str}).dropna(subset=["cluster"])
         if len(a):
             m["cluster_of"] = dict(zip(a["client"], a["cluster"].astype(int)))

@@ -11,12 +11,12 @@ which includes ``NAME.md``; nothing is retyped.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import platform
 import shutil
 from pathlib import Path
 
+from mcfl.inputs import read_json
 from mcfl.io import write_text
 
 
@@ -34,7 +34,7 @@ def provenance(run_dirs: list[Path], config: str) -> str:
     """One line: date, runs, devices, torch, CPU kernels, git revisions, this machine."""
     seen = {k: set() for k in ("device", "torch", "cpu", "git")}
     for d in run_dirs:
-        m = json.loads((Path(d) / "metrics.json").read_text())
+        m = read_json(Path(d) / "metrics.json", what="run's metrics.json")
         for k in seen:
             seen[k].add(str(m.get(k))[:7] if k == "git" else str(m.get(k)))
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from mcfl.data.store import load
+from mcfl.inputs import check_regular
 from mcfl.io import atomic_path, read_run, write_text
 from mcfl.report.format import markdown_table
 
@@ -114,6 +115,7 @@ def read_assignments(path: Path, clients: pd.Series) -> pd.DataFrame:
     once and one of the store's (a stray one would be dropped from every statistic without a
     word), every cluster blank (an unclustered method) or an integer from 0 to the number of
     clients - 1. Errors are one-line ValueErrors naming the file."""
+    check_regular(path, "run's assignments.csv")
     try:
         a = pd.read_csv(path, dtype={"client": str})
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
