@@ -52,8 +52,9 @@ def sub_store(data, clients: np.ndarray, out: Path) -> Path:
 def read_k(path) -> int:
     try:
         return int(read_json(path, what="select-k result")["K"])
-    except InputError:
-        raise
+    except InputError as e:                     # not JSON, not a regular file, too large
+        raise ValueError(f"{path}: not a select-k result ({str(e).removeprefix(f'{path}: ')}); rerun "
+                         f"the select_k rule") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a select-k result ({type(e).__name__}: {e}); rerun the "
                          f"select_k rule") from None
