@@ -98,10 +98,12 @@ def staged(out: str | os.PathLike) -> Iterator[Path]:
     write them into under their relative names (subfolders allowed); when every file is written,
     rename each into place. A failure or a kill while writing (a full disk, SIGTERM) removes the
     staging directory and leaves the earlier files in ``out`` as they were; only the final renames,
-    which write no data, stand between the two sets. Files of ``out`` the set does not name stay."""
+    which write no data, stand between the two sets. Files of ``out`` the set does not name stay;
+    an ``out`` this call created is removed again when the set fails, if nothing else is in it."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out}: --out must be a directory, not a file")
+    created, done = not out.exists(), False
     try:
         out.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out / _STAGED)
@@ -116,6 +118,7 @@ def staged(out: str | os.PathLike) -> Iterator[Path]:
             (out / f).parent.mkdir(parents=True, exist_ok=True)
         for f in files:
             os.replace(tmp / f, out / f)
+        done = True
     except OSError as e:
         if e.filename is None:
             raise named(e, out) from e
@@ -124,6 +127,9 @@ def staged(out: str | os.PathLike) -> Iterator[Path]:
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created and not done:
+            with contextlib.suppress(OSError):
+                out.rmdir()
 
 
 _STAGED = "staged"
@@ -339,20 +345,23 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
     its writer ``client``; with ``clusters``, each client's final cluster (``cluster_of``, from
     ``assignments.csv``; absent for unclustered methods): the one reader of run directories for
     every report."""
+    from mcfl.inputs import check_regular, present
+
     d = Path(run_dir)
     m = read_metrics(d / "metrics.json")
     m["dir"] = d
     if history or predictions or clusters:
         import pandas as pd
     if history:
+        check_regular(d / "history.csv", "run's history.csv")
         m["history"] = read_csv(d / "history.csv")
-    if predictions and (d / "predictions.csv").is_file():
+    if predictions and present(d / "predictions.csv", "run's predictions.csv"):
         p = pd.read_csv(d / "predictions.csv", usecols=lambda c: c in ("client", "y", "pred"),
                         dtype={"client": str})
         m["y"], m["hit"] = p["y"].to_numpy(), (p["y"] == p["pred"]).to_numpy()
         if "client" in p:
             m["client"] = p["client"].to_numpy()
-    if clusters and (d / "assignments.csv").is_file():
+    if clusters and present(d / "assignments.csv", "run's assignments.csv"):
         a = pd.read_csv(d / "assignments.csv", dtype={"client": str}).dropna(subset=["cluster"])
         if len(a):
             m["cluster_of"] = dict(zip(a["client"], a["cluster"].astype(int)))
@@ -366,8 +375,11 @@ NAME_KEYS = ("dataset", "method", "label", "run_id")
 def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
     """A run's ``metrics.json``, checked: a JSON object whose names (:data:`NAME_KEYS`, where
     present) are plain names (:func:`mcfl.paths.plain_name`); otherwise a one-line ValueError
-    naming the file (a truncated or binary file, a ``dataset`` of ``../../x``)."""
-    return parse_metrics(Path(path).read_bytes(), path)
+    naming the file (a truncated or binary file, a ``dataset`` of ``../../x``). Read with a byte
+    limit, regular files only (:func:`mcfl.inputs.read_limited`)."""
+    from mcfl.inputs import MAX_JSON_BYTES, read_limited
+
+    return parse_metrics(read_limited(path, MAX_JSON_BYTES, what="run's metrics.json"), path)
 
 
 def parse_metrics(raw: bytes, path: str | os.PathLike) -> dict[str, Any]:

@@ -29,11 +29,17 @@ def _cmd_prepare(a) -> int:
 
 def _cmd_partition(a) -> int:
     from mcfl.data import load
+    from mcfl.data.partition import check_alpha
     from mcfl.data.repartition import partition_store
 
-    out = partition_store(a.store, a.out, scheme=a.scheme, clients=a.clients, alpha=a.alpha,
-                          classes_per_client=a.classes_per_client, min_samples=a.min_samples,
-                          sizes=a.sizes, split=a.split, test_fraction=a.test_fraction, seed=a.seed)
+    if a.scheme == "dirichlet":
+        check_alpha(a.alpha, "--alpha")
+    try:
+        out = partition_store(a.store, a.out, scheme=a.scheme, clients=a.clients, alpha=a.alpha,
+                              classes_per_client=a.classes_per_client, min_samples=a.min_samples,
+                              sizes=a.sizes, split=a.split, test_fraction=a.test_fraction, seed=a.seed)
+    except ValueError as e:                     # the draw's own check: name the flag
+        raise (ValueError(f"--{e}") if str(e).startswith("alpha: ") else e) from None
     d = load(out)
     print(f"{out}: {d.meta['partition']['label']}, {d.n_clients} clients, {d.meta['n_train']} train / "
           f"{d.meta['n_test']} test samples, content hash {d.content_hash[:12]}")

@@ -329,8 +329,21 @@ def write_table(run_dirs: list[Path], train: list[dict], store, target: float, o
 
 
 # ------------------------------------------------------------------------------------- Figs. 4, 5
+def _require_params(recs: list[dict], keys: tuple[str, ...], what: str) -> None:
+    """Every run has the FedGSP parameters ``keys`` that ``what`` compares; else a one-line error
+    naming the run's metrics.json (a FedAvg run has none of them)."""
+    for r in recs:
+        params = r["run"]["params"] if isinstance(r["run"]["params"], dict) else {}
+        missing = [k for k in keys if k not in params]
+        if missing:
+            raise ValueError(f"{r['run']['dir'] / 'metrics.json'}: a {r['run']['method']} run has no "
+                             f"parameter {missing[0]!r}; the {what} compares FedGSP runs "
+                             f"({', '.join(keys)})")
+
+
 def write_heatmap(run_dirs: list[Path], out: Path) -> pd.DataFrame:
     recs = load_runs(run_dirs)
+    _require_params(recs, ("growth", "alpha", "beta"), "heatmap")
     df = pd.DataFrame([{**{k: r["run"]["params"][k] for k in ("growth", "alpha", "beta")},
                         "loss": r["final"]["test_loss"], "accuracy": r["final"]["micro_acc"]} for r in recs])
     df = df.groupby(["growth", "alpha", "beta"], sort=False).agg(
@@ -360,6 +373,7 @@ def write_heatmap(run_dirs: list[Path], out: Path) -> pd.DataFrame:
 def write_kappa(run_dirs: list[Path], train: list[dict], store, out: Path,
                 cost: CostModel = CostModel()) -> pd.DataFrame:
     recs = load_runs(run_dirs, train)
+    _require_params(recs, ("kappa",), "kappa sweep")
     K, n = _store_stats(store)
     rows = []
     for r in recs:
