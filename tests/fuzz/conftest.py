@@ -1,9 +1,10 @@
 """The fuzz suite's Hypothesis profiles and the small world every example starts from.
 
 Profiles (``MCFL_FUZZ=<name>``, default ``ci``): ``ci`` runs few examples per test, derandomized
-(a fixed seed: the same examples on every run, so ``make test`` is deterministic) and without
-Hypothesis's example database; ``deep`` runs many more, random, and remembers failures in
-``.hypothesis/`` (``MCFL_FUZZ=deep pytest tests/fuzz``)."""
+(a fixed seed: the same examples on every run, so ``make test`` is deterministic), without
+Hypothesis's example database and without shrinking (a failure shows the example as drawn, and a
+hang is not rerun while shrinking); ``deep`` runs many more, random, shrinks what fails and
+remembers it in ``.hypothesis/`` (``MCFL_FUZZ=deep pytest tests/fuzz``)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from conftest import make_run
 
 _COMMON = dict(deadline=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                       HealthCheck.filter_too_much])
-settings.register_profile("ci", max_examples=6, derandomize=True, database=None, **_COMMON)
+settings.register_profile("ci", max_examples=5, derandomize=True, database=None,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate], **_COMMON)
 settings.register_profile("deep", max_examples=300, **_COMMON)
 settings.load_profile(os.environ.get("MCFL_FUZZ", "ci"))
 

@@ -23,7 +23,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from .conftest import RUNS
-from .harness import check, check_untouched, run_in_process, run_subprocess, sandbox, snapshot
+from .harness import changes, check, run_in_process, run_subprocess, sandbox, snapshot
 from .strategies import (DAMAGE, SPECIAL, _get, apply_damage, damage, dumps, json_edit, names,
                          numbers, place)
 
@@ -57,9 +57,11 @@ def run_dir_command(cmd: str, dirs: list[str]) -> list[str]:
             "track": ["track", "--experiment", "fuzz", "--out", "out/track.tsv", *dirs]}[cmd]
 
 
+#: commands that compare FedGSP runs only: they refuse the world's FedAvg and FeSEM runs by name
+GSP_ONLY = {"fedgsp heatmap", "fedgsp kappa"}
 #: on the untouched world these fail already (see test_found.py); xfail until fixed
-KNOWN = {"report-writers": "report-writers on a store of vectors: numpy's reshape error, naming no file",
-         "fedgsp heatmap": "fedgsp heatmap on runs without GSP groups: KeyError traceback"}
+KNOWN = {"report-writers": "report-writers on a store of vectors: numpy's reshape error, naming no "
+                           "file (test_found.py::test_report_writers_names_a_store_that_is_not_images)"}
 RUN_DIR_COMMANDS = [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN[c])) if c in KNOWN
                     else c for c in ["report", "report-fedcg", "report-protocols", "report-writers",
                                      "fedgsp table", "fedgsp heatmap", "fedgsp kappa", "track"]]
@@ -88,8 +90,6 @@ def keeps_promises(w: Path, argv: list[str], cmd: str, names_: list[str], out: s
     outcome = (run_subprocess if subprocess else run_in_process)(argv, w)
     check(outcome, cmd, names_)
     after_skip = snapshot(box, skip=skip)
-    from .harness import changes
-
     diff = changes(before, after_skip)
     assert not diff, f"touched outside --out: {diff[:10]}\n{outcome}"
     if earlier_state is not None and outcome.code != 0:
@@ -132,6 +132,8 @@ def edit_run_dir(w: Path, data) -> list[str]:
 def test_commands_reading_run_folders(world, mlflow_db, cmd, data):
     with sandbox(world) as w:
         named = edit_run_dir(w, data)
+        if cmd in GSP_ONLY:                  # they refuse the world's runs (not FedGSP) by name
+            named += RUN_DIRS
         argv = run_dir_command(cmd, RUN_DIRS)
         db = w.parent.parent / f"{w.parent.name}.db"
         shutil.copy(mlflow_db, db)
@@ -272,7 +274,12 @@ def special_cases():
     every kind; a special file is not drawn by Hypothesis, whose shrinking would rerun hangs."""
     deep = os.environ.get("MCFL_FUZZ") == "deep"
     return [(c, k) for i, c in enumerate(sorted(SPECIAL_TARGETS))
-            for j, k in enumerate(SPECIAL) if deep or j == i % len(SPECIAL)]
+            for j, k in enumerate(SPECIAL) if (deep or j == (i + 1) % len(SPECIAL)) and (c, k) not in WAITS]
+
+
+#: documented limits (docs/reliability.md): a FIFO named as a config file is opened as a pipe
+#: (``check-config <(...)``), so without a writer the command waits for one, as ``cat`` would
+WAITS = {("check-config", "fifo")}
 
 
 @pytest.mark.parametrize("cmd, kind", special_cases())

@@ -1,0 +1,79 @@
+"""Every failing example the fuzz suite found, kept as an explicit test (shrunk by hand or by
+Hypothesis to the one change that breaks a promise). A test marked ``xfail(strict=True)`` is a
+finding not fixed yet: it fails the suite as soon as the fix makes it pass, so that the mark is
+dropped then."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import run_json
+from .test_cli_fuzz import RUN_DIRS, STORE, TRAIN_FLAGS, keeps_promises, run_dir_command
+from .harness import sandbox, snapshot
+
+pytestmark = pytest.mark.fuzz
+
+
+@pytest.mark.xfail(strict=True, reason="report-writers on a store of vectors says numpy's "
+                                       "'cannot reshape array of size 2085 into shape (417,2,2)', naming no file")
+def test_report_writers_names_a_store_that_is_not_images(world):
+    with sandbox(world) as w:
+        keeps_promises(w, run_dir_command("report-writers", RUN_DIRS), "report-writers", [STORE])
+
+
+def test_fedgsp_heatmap_on_runs_without_gsp_parameters_is_one_line(world):
+    """Found on the first run: a KeyError traceback ('growth')."""
+    with sandbox(world) as w:
+        out = keeps_promises(w, run_dir_command("fedgsp heatmap", RUN_DIRS), "fedgsp", RUN_DIRS)
+        assert out.code == 1
+
+
+@pytest.mark.parametrize("foreign", ["notes.txt", "runs/FeSEM-K2/state.pt", "json/FedAvg.json"])
+def test_train_leaves_a_foreign_checkpoint_file_alone(world, foreign):
+    """``--checkpoint`` naming a file that is not this run's checkpoint: refused, the file kept."""
+    with sandbox(world) as w:
+        before = snapshot(w / foreign) if (w / foreign).is_dir() else (w / foreign).read_bytes()
+        argv = ["train", "--run", json.dumps(run_json("FedAvg", {})), "--store", STORE, "--out",
+                "out/run", "--checkpoint", foreign, *TRAIN_FLAGS]
+        out = keeps_promises(w, argv, "train", ["--checkpoint", foreign])
+        assert out.code == 1 and (w / foreign).read_bytes() == before
+
+
+def test_report_on_a_run_whose_dataset_climbs_out_writes_nothing_outside(world):
+    """A run folder's metrics.json with ``dataset: ../../x``: the report must not build a path from it."""
+    with sandbox(world) as w:
+        m = json.loads((w / "runs/FedAvg/metrics.json").read_text())
+        (w / "runs/FedAvg/metrics.json").write_text(json.dumps({**m, "dataset": "../../x"}))
+        keeps_promises(w, run_dir_command("report", RUN_DIRS), "report", ["runs/FedAvg", "dataset"],
+                       earlier="out/report")
+
+
+@pytest.mark.xfail(strict=True, reason="read_run reads predictions.csv with a bare pandas.read_csv: "
+                                       "'No columns to parse from file', naming nothing")
+@pytest.mark.parametrize("cmd", ["fedgsp table", "report-fedcg", "report-protocols"])
+def test_an_empty_predictions_csv_is_named(world, cmd):
+    with sandbox(world) as w:
+        (w / "runs/FeSEM-K2/predictions.csv").write_bytes(b"")
+        keeps_promises(w, run_dir_command(cmd, RUN_DIRS), cmd.split()[0],
+                       ["runs/FeSEM-K2", "predictions.csv"])
+
+
+@pytest.mark.xfail(strict=True, reason="mcfl track: \"could not convert string to float: '../../escape'\", "
+                                       "naming neither the file nor the column")
+def test_track_names_a_history_csv_holding_text(world, mlflow_db):
+    import shutil
+
+    from .test_cli_fuzz import environment
+
+    with sandbox(world) as w:
+        history = w / "runs/FedAvg/history.csv"
+        rows = [line.split(",") for line in history.read_text().splitlines()]
+        rows[2][rows[0].index("eval_s")] = "../../escape"
+        history.write_text("\n".join(",".join(r) for r in rows) + "\n")
+        db = w.parent / "mlflow.db"
+        shutil.copy(mlflow_db, db)
+        with environment(MLFLOW_TRACKING_URI=f"sqlite:///{db}"):
+            keeps_promises(w, run_dir_command("track", RUN_DIRS), "track", ["runs/FedAvg", "history.csv"],
+                           watch_skip=("mlartifacts",))
