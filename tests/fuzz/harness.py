@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 import resource
 import shutil
 import signal
@@ -155,11 +156,30 @@ def sandbox(world: Path):
 
 
 # ---------------------------------------------------------------------------------- the promises
-def check(outcome: Outcome, cmd: str, names: list[str]) -> None:
+#: findings not fixed yet, each kept as an xfail test in test_found.py: an answer matching one is
+#: let through here, so that the fuzz tests go on checking everything else (drop a line when its
+#: test in test_found.py passes)
+KNOWN_FINDINGS = {
+    r"error: cannot reshape array": "test_report_writers_names_a_store_that_is_not_images",
+    r"error: No columns to parse from file": "test_an_empty_predictions_csv_is_named",
+    r"mcfl track: error: could not convert string to float": "test_track_names_a_history_csv_holding_text",
+    r"KeyError: '(test_loss|micro_acc|macro_acc)'": "test_fedgsp_table_names_a_run_without_test_loss",
+}
+
+
+def known_finding(outcome: Outcome) -> str | None:
+    """The test in test_found.py of the unfixed finding ``outcome`` shows, if any."""
+    text = outcome.err + outcome.escaped
+    return next((test for pattern, test in KNOWN_FINDINGS.items() if re.search(pattern, text)), None)
+
+
+def check(outcome: Outcome, cmd: str, names: list[str], known_ok: bool = True) -> None:
     """The command's answer keeps the promise: exit 0, or exit 1 with exactly one
     ``mcfl <cmd>: error:`` line that names one of ``names`` (the file, flag or key at fault), or
     argparse's usage error (exit 2) naming the flag; no traceback, no hang, nothing escaped
-    :func:`mcfl.cli.main`."""
+    :func:`mcfl.cli.main`. With ``known_ok``, an answer of an unfixed finding passes."""
+    if known_ok and known_finding(outcome):
+        return
     assert not outcome.escaped, str(outcome)
     assert "Traceback" not in outcome.err, str(outcome)
     if outcome.code == 2:                    # argparse's usage error: a flag's value of the wrong type
