@@ -164,6 +164,7 @@ KNOWN_FINDINGS = {
     r"error: No columns to parse from file": "test_an_empty_predictions_csv_is_named",
     r"mcfl track: error: could not convert string to float": "test_track_names_a_history_csv_holding_text",
     r"KeyError: '(test_loss|micro_acc|macro_acc)'": "test_fedgsp_table_names_a_run_without_test_loss",
+    r"KeyError: 'run_hash'": "test_track_names_a_metrics_json_without_run_hash",
 }
 
 

@@ -59,12 +59,8 @@ def run_dir_command(cmd: str, dirs: list[str]) -> list[str]:
 
 #: commands that compare FedGSP runs only: they refuse the world's FedAvg and FeSEM runs by name
 GSP_ONLY = {"fedgsp heatmap", "fedgsp kappa"}
-#: on the untouched world these fail already (see test_found.py); xfail until fixed
-KNOWN = {"report-writers": "report-writers on a store of vectors: numpy's reshape error, naming no "
-                           "file (test_found.py::test_report_writers_names_a_store_that_is_not_images)"}
-RUN_DIR_COMMANDS = [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN[c])) if c in KNOWN
-                    else c for c in ["report", "report-fedcg", "report-protocols", "report-writers",
-                                     "fedgsp table", "fedgsp heatmap", "fedgsp kappa", "track"]]
+RUN_DIR_COMMANDS = ["report", "report-fedcg", "report-protocols", "report-writers", "fedgsp table",
+                    "fedgsp heatmap", "fedgsp kappa", "track"]
 
 
 @contextlib.contextmanager
@@ -257,7 +253,8 @@ FLAG_NUMBERS = st.one_of(st.sampled_from(["nan", "inf", "-inf", "1e-300", "5e-32
 def test_partition_flags(world, flag, scheme, value):
     with sandbox(world) as w:
         argv = ["partition", STORE, "--out", "out/part", "--scheme", scheme, flag, value]
-        keeps_promises(w, argv, "partition", [flag, flag.lstrip("-").replace("-", "_")], subprocess=True)
+        keeps_promises(w, argv, "partition", [flag, flag.lstrip("-").replace("-", "_"), value],
+                       subprocess=True)
 
 
 PREPARE_VALUES = st.one_of(st.sampled_from(["nan", "inf", "-1", "0", "1e-300", "1e400", "2147483648",
@@ -272,7 +269,7 @@ def test_prepare_flags(world, flag, value):
     store takes its time and is not a fault)."""
     with sandbox(world) as w:
         argv = ["prepare", "synthetic", "--out", "out/store", "--clients", "6", "--dim", "5", flag, value]
-        keeps_promises(w, argv, "prepare", [flag, flag.lstrip("-").replace("-", "_")], subprocess=True)
+        keeps_promises(w, argv, "prepare", [flag, flag.lstrip("-").replace("-", "_"), value], subprocess=True)
 
 
 @given(how=damage())

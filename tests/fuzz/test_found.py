@@ -92,3 +92,21 @@ def test_fedgsp_table_names_a_run_without_test_loss(world):
         del m["final"]["test_loss"]
         (w / "runs/FeSEM-K2/metrics.json").write_text(json.dumps(m))
         strict_promises(w, run_dir_command("fedgsp table", RUN_DIRS), "fedgsp", ["runs/FeSEM-K2", "test_loss"])
+
+
+@pytest.mark.xfail(strict=True, reason="mcfl track: KeyError 'run_hash' traceback (mcfl.track) on a "
+                                       "metrics.json without run_hash")
+def test_track_names_a_metrics_json_without_run_hash(world, mlflow_db):
+    import shutil
+
+    from .test_cli_fuzz import environment
+
+    with sandbox(world) as w:
+        m = json.loads((w / "runs/FedAvg/metrics.json").read_text())
+        del m["run_hash"]
+        (w / "runs/FedAvg/metrics.json").write_text(json.dumps(m))
+        db = w.parent / "mlflow.db"
+        shutil.copy(mlflow_db, db)
+        with environment(MLFLOW_TRACKING_URI=f"sqlite:///{db}"):
+            strict_promises(w, run_dir_command("track", RUN_DIRS), "track", ["runs/FedAvg", "run_hash"],
+                            watch_skip=("mlartifacts",))
