@@ -54,3 +54,21 @@ def test_when_stderr_cannot_be_written_the_exit_status_says_so(monkeypatch, tmp_
     status (74, EX_IOERR) is what Snakemake shows."""
     monkeypatch.setattr(sys, "stderr", open(FULL, "w"))
     assert cli.main(["report", "--out", str(tmp_path / "o"), str(tmp_path / "missing")]) == cli.EX_IOERR
+
+
+def test_the_workflow_names_a_full_log_disk(monkeypatch, tmp_path):
+    """Snakemake's onerror prints this when the folder of the job logs has no room left."""
+    import collections
+
+    from mcfl import paths
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(paths.shutil, "disk_usage", lambda p: usage(10**9, 10**9, 0))
+    assert paths.disk_full_note(tmp_path / "logs" / "not-yet") == (
+        f"{tmp_path / 'logs' / 'not-yet'}: the disk is full (0 bytes free): jobs could not write their "
+        f"logs (exit status 74); free space there and run again")
+    monkeypatch.setattr(paths.shutil, "disk_usage", lambda p: usage(10**9, 0, 10**9))
+    assert paths.disk_full_note(tmp_path) is None
+    from conftest import ROOT
+
+    assert "disk_full_note(P.log_dir)" in (ROOT / "workflow" / "rules" / "common.smk").read_text()

@@ -118,3 +118,48 @@ def test_mcfl_track_names_a_damaged_run_file(damage, store_uri, tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"mcfl track: error: {f}: not a") and "\n" not in err
     assert not (tmp_path / "t.tsv").exists()
+
+
+def test_an_experiment_that_cannot_be_created_on_a_full_disk_is_one_line(store_uri):
+    """MLflow's create_experiment fails on the full disk and no other process made it: the store's
+    fault is the error (it once fell through to an AttributeError on the missing experiment)."""
+    import sqlite3
+
+    class FullDisk:
+        def get_experiment_by_name(self, name):
+            return None
+
+        def create_experiment(self, *args, **kwargs):
+            raise sqlite3.OperationalError("database or disk is full")
+
+    with pytest.raises(TrackingError, match=rf"^MLflow tracking store {store_uri}: the disk is full; free space"):
+        experiment_id(FullDisk(), "new")
+
+
+def test_what_a_sigkill_left_while_creating_the_store_is_cleared(tmp_path, monkeypatch):
+    """A SIGKILL during the creation leaves the temporary database and SQLite's journal beside it
+    (no mlflow.db): the next run removes both and creates the store."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    half = tmp_path / ".mlflow.db.999999999.x1.tmp"          # no such process
+    half.write_bytes(b"SQLite format 3\x00half")
+    (tmp_path / (half.name + "-journal")).write_bytes(b"journal")
+    assert experiment_id(_client(), "again") == "1"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("cell, column", [("../../escape", "eval_s"), ("x", "round")])
+def test_mcfl_track_names_a_history_cell_that_is_not_a_number(cell, column, store_uri, tmp_path, capsys):
+    run = _fake_run(tmp_path / "runs" / "r", config={"dataset": "digits"}, wall_s=2.0)
+    (run / "history.csv").write_text(f"round,train_loss,eval_s\n1,1.0,0.1\n{cell if column == 'round' else 2},"
+                                     f"0.9,{cell if column == 'eval_s' else 0.2}\n")
+    assert cli.main(["track", "--experiment", "e", "--out", str(tmp_path / "t.tsv"), str(run)]) == 1
+    assert capsys.readouterr().err.strip() == (f"mcfl track: error: {run / 'history.csv'}: {column}: "
+                                               f"{cell!r} is not a number")
+
+
+def test_mcfl_track_names_metrics_of_the_wrong_type(store_uri, tmp_path, capsys):
+    run = _fake_run(tmp_path / "runs" / "r", config=[1], wall_s=2.0)
+    assert cli.main(["track", "--experiment", "e", "--out", str(tmp_path / "t.tsv"), str(run)]) == 1
+    assert capsys.readouterr().err.strip() == (f"mcfl track: error: {run / 'metrics.json'}: config is list, "
+                                               f"not an object")

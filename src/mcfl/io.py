@@ -150,7 +150,8 @@ def remove_stale_temps(path: str | os.PathLike) -> None:
     if not path.parent.is_dir():
         return
     for tmp in path.parent.iterdir():
-        if not (tmp.name.startswith(f".{path.name}.") and tmp.name.endswith(".tmp")):
+        # (``.tmp-journal``: SQLite's journal beside a temporary database, mcfl.track_store)
+        if not (tmp.name.startswith(f".{path.name}.") and tmp.name.endswith((".tmp", ".tmp-journal"))):
             continue
         pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
         if not pid.isdigit() or _alive(int(pid)):       # another file's temporary, or a live writer
@@ -350,19 +351,17 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
     d = Path(run_dir)
     m = read_metrics(d / "metrics.json")
     m["dir"] = d
-    if history or predictions or clusters:
-        import pandas as pd
     if history:
         check_regular(d / "history.csv", "run's history.csv")
         m["history"] = read_csv(d / "history.csv")
     if predictions and present(d / "predictions.csv", "run's predictions.csv"):
-        p = pd.read_csv(d / "predictions.csv", usecols=lambda c: c in ("client", "y", "pred"),
-                        dtype={"client": str})
+        p = read_csv(d / "predictions.csv", usecols=lambda c: c in ("client", "y", "pred"),
+                     dtype={"client": str})
         m["y"], m["hit"] = p["y"].to_numpy(), (p["y"] == p["pred"]).to_numpy()
         if "client" in p:
             m["client"] = p["client"].to_numpy()
     if clusters and present(d / "assignments.csv", "run's assignments.csv"):
-        a = pd.read_csv(d / "assignments.csv", dtype={"client": str}).dropna(subset=["cluster"])
+        a = read_csv(d / "assignments.csv", dtype={"client": str}).dropna(subset=["cluster"])
         if len(a):
             m["cluster_of"] = dict(zip(a["client"], a["cluster"].astype(int)))
     return m

@@ -10,6 +10,7 @@ of its own inputs, as ``git`` and DVC refuse to overwrite a source with its own 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Iterable
 
@@ -70,3 +71,24 @@ def refuse_overlap(outputs: Iterable[str | os.PathLike], inputs: Iterable[str | 
             if i == o or o in i.parents:
                 what = "is" if i == o else "contains"
                 raise ValueError(f"{flag} {out}: {what} the input {given}; write the output elsewhere")
+
+
+#: free bytes below which a folder's disk counts as full (a job log's first lines need less)
+FULL_BELOW = 1 << 20
+
+
+def disk_full_note(folder: str | os.PathLike) -> str | None:
+    """One line if the disk holding ``folder`` (or its nearest existing parent) is full, else
+    None: the workflow prints it when it fails, since a job that could not write its log (exit
+    status 74) leaves an empty log and nothing else would say why."""
+    where = Path(os.path.abspath(folder))
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return None
+    if free >= FULL_BELOW:
+        return None
+    return (f"{folder}: the disk is full ({free} bytes free): jobs could not write their logs "
+            f"(exit status 74); free space there and run again")

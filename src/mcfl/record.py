@@ -46,6 +46,37 @@ def _round_times(rows: list[dict], start_s: float) -> list[int]:
     return out
 
 
+def _check_recordable(d: Path, m: dict) -> None:
+    """What recording reads of ``metrics.json`` has its type, else a ValueError naming the key."""
+    if not isinstance(m["config"], dict):
+        raise ValueError(f"{d / 'metrics.json'}: config is {type(m['config']).__name__}, not an object")
+    wall = m.get("wall_s")
+    if wall is not None and (isinstance(wall, bool) or not isinstance(wall, (int, float))):
+        raise ValueError(f"{d / 'metrics.json'}: wall_s: {wall!r:.40} is not a number")
+
+
+def _history(path: Path) -> list[dict]:
+    """``history.csv``'s rows, its ``round`` and time columns checked to be numbers (the other
+    columns are metrics, which are recorded where they are numbers, and ``diverged``'s text);
+    otherwise a ValueError naming the file, the column and the value."""
+    import pandas as pd
+
+    from mcfl.timing import COLUMNS
+
+    h = read_csv(path)
+    if "round" not in h:
+        raise ValueError(f"{path}: no round column; not a run's history")
+    for col in ("round", *COLUMNS):
+        if col not in h:
+            continue
+        numbers = pd.to_numeric(h[col], errors="coerce")
+        bad = h[col][numbers.isna() & (h[col].notna() | (col == "round"))]
+        if len(bad):
+            raise ValueError(f"{path}: {col}: {bad.iloc[0]!r:.40} is not a number")
+        h[col] = numbers
+    return h.to_dict("records")
+
+
 def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tuple[str, str]]:
     import math
 
@@ -80,8 +111,9 @@ def _record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tu
         if "config" not in m:
             raise ValueError(f"{d / 'metrics.json'}: no 'config' (written by an older mcfl); "
                              f"rerun the training job to record it")
+        _check_recordable(d, m)
         rows = [{k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
-                for row in read_csv(d / "history.csv").to_dict("records")]
+                for row in _history(d / "history.csv")]
         end_s = (d / "metrics.json").stat().st_mtime
         start_s = end_s - float(m.get("wall_s") or 0.0)
         t = MLflowTracker(experiment, client=client, defer=False)

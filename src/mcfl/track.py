@@ -170,8 +170,10 @@ def experiment_id(client, name: str, differing: Iterable[str] | None = None) -> 
                 (Path.cwd() / "mlartifacts").resolve().as_uri() if local else None),
                 tags={**EXPERIMENT_TAGS, VIEW_TAG: runs_view(differing or ())})
             return exp_id
-        except Exception:  # created concurrently by another process
+        except Exception:  # created concurrently by another process, or a fault (a full disk)
             exp = _retry(client.get_experiment_by_name, name)
+            if exp is None:                     # not created by anyone: the fault is the error
+                raise
     want = dict(EXPERIMENT_TAGS)
     if differing is not None or VIEW_TAG not in exp.tags:
         want[VIEW_TAG] = runs_view(differing or ())

@@ -91,6 +91,16 @@ onstart:
                 os._exit(1)  # before any job; Snakemake would print a traceback
 
 
+onerror:
+    # a job that could not write its log (a full disk under logs/: exit status 74) leaves an empty
+    # log; say why here, where the user reads Snakemake's error
+    from mcfl.paths import disk_full_note
+
+    _note = disk_full_note(P.log_dir)
+    if _note:
+        print(f"error: {_note}", file=sys.stderr)
+
+
 onsuccess:
     if MLFLOW:
         from mcfl.record import ui_hint

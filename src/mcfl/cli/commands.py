@@ -268,7 +268,10 @@ def _cmd_figure(a) -> int:
         dev = _federation_device(a.device, a.threads)
         snap = cluster_snapshot(run, a.store, a.state, n_clients=a.clients, centres=a.projection == "pca",
                                 seed=a.seed, device=dev)
-        res = figures.clusters_figure(snap, a.out, projection=a.projection, seed=a.seed)
+        from mcfl.io import staged
+
+        with staged(Path(a.out).parent) as stage:         # the PNG and its CSV, both or neither
+            res = figures.clusters_figure(snap, stage / Path(a.out).name, projection=a.projection, seed=a.seed)
     else:
         res = figures.cases_figure(a.store, a.assignments, a.out, clients_per_cluster=a.clients,
                                    samples=a.samples, seed=a.seed, title=a.title)
