@@ -108,3 +108,18 @@ def test_report_protocols_keeps_the_paper_beside_femnist_runs(tmp_path):
     t = write(runs, tmp_path / "out" / "p")
     assert t.set_index("method").loc["FedAvg", "paper_mean"] == pytest.approx(84.9)
     assert (tmp_path / "out" / "p.md").read_text().startswith(f"# {TITLE}\n")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--train", "["], "--train: not JSON"),
+    (["--train", "{}"], "--train: must be a JSON list, found dict"),
+    (["--train", "[1]"], "--train: 1 is not allowed: each entry is an object"),
+    (["--train", "[{}]", "--cost", '{"bogus": 1}'], "--cost: unknown constant 'bogus'; known: n_calc"),
+    (["--train", "[{}]", "--cost", "[1]"], "--cost: must be a JSON object, found list"),
+    (["--train", "[{}]", "--cost", '{"flops": -1}'], "--cost: flops: -1 is not allowed"),
+])
+def test_fedgsp_json_flags_are_checked_naming_the_flag(flags, message, tmp_path, capsys):
+    assert main(["fedgsp", "kappa", str(tmp_path / "run"), "--store", str(tmp_path / "s"), *flags,
+                 "--out", str(tmp_path / "out")]) == 1
+    _one_line(capsys.readouterr().err, "fedgsp", message)
+    assert not (tmp_path / "out").exists()

@@ -434,6 +434,34 @@ def add_parser(sub, help: str = "FedGSP tables and figures (CPD, Table 1, heatma
         q.add_argument("--out", required=True, help="output directory")
 
 
+def _json_flag(text: str, flag: str, kind: type):
+    """The JSON of a flag, a ``kind`` (list or dict); else a one-line ValueError naming the flag."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag}: not JSON ({e})") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"{flag}: must be a JSON {'list' if kind is list else 'object'}, found "
+                         f"{type(value).__name__} {text!r:.60}")
+    return value
+
+
+def _cost_flag(text: str) -> CostModel:
+    """``--cost``: cost-model constants (Eqs. 15-17), each a known key and a positive finite number."""
+    import dataclasses
+    import math
+
+    given = _json_flag(text, "--cost", dict)
+    known = [f.name for f in dataclasses.fields(CostModel)]
+    for key, value in given.items():
+        if key not in known:
+            raise ValueError(f"--cost: unknown constant {key!r}; known: {', '.join(known)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value > 0):
+            raise ValueError(f"--cost: {key}: {value!r:.40} is not allowed: a positive finite number")
+    return CostModel(**{k: float(v) for k, v in given.items()})
+
+
 def main(a) -> int:
     out = Path(a.out)
     if a.what == "cpd":
@@ -444,7 +472,11 @@ def main(a) -> int:
     if a.what == "heatmap":
         print(write_heatmap(dirs, out).to_string(index=False))
         return 0
-    train, cost = json.loads(a.train), CostModel(**json.loads(a.cost))
+    train, cost = _json_flag(a.train, "--train", list), _cost_flag(a.cost)
+    bad = next((t for t in train if not isinstance(t, dict)), None)
+    if bad is not None:
+        raise ValueError(f"--train: {bad!r:.40} is not allowed: each entry is an object of a run's "
+                         f"train settings ({{clients_per_round, local_epochs}})")
     if a.what == "table":
         print(table_markdown(write_table(dirs, train, a.store, a.target, out, cost)))
     else:
