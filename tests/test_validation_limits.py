@@ -311,3 +311,13 @@ def test_a_merge_key_given_twice_is_a_duplicate_key(tmp_path):
     with pytest.raises(ConfigError, match=r"c\.yaml: line 4: duplicate key '<<' \(first given on line 3\); "
                                           r"merge several mappings with <<: \[\*a, \*b\]"):
         read_yaml(tmp_path / "c.yaml")
+
+
+def test_a_tensor_file_that_is_a_fifo_is_refused_instead_of_blocking(tmp_path):
+    from mcfl.io import load_tensors
+
+    os.mkfifo(tmp_path / "centres.pt")
+    with pytest.raises(InputError, match=r"centres\.pt: is a pipe \(FIFO\), not a regular file"):
+        load_tensors(tmp_path / "centres.pt", "a centres file")
+    with pytest.raises(FileNotFoundError):
+        load_tensors(tmp_path / "absent.pt", "a centres file")

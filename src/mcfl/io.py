@@ -127,7 +127,8 @@ def state_on(state: dict, device: Any) -> dict:
 def load_tensors(path: str | os.PathLike, what: str, map_location: Any = "cpu") -> Any:
     """``torch.load(path, weights_only=True)`` whose every failure is one ValueError naming the
     file (an OSError stays one): a pickle of anything but tensors, numbers and containers is
-    refused without running it, and a file that is no torch archive at all says so."""
+    refused without running it, and a file that is no torch archive at all says so; so is
+    anything but a regular file (a FIFO would block the read)."""
     import pickle
     import zipfile
 
@@ -135,6 +136,10 @@ def load_tensors(path: str | os.PathLike, what: str, map_location: Any = "cpu") 
 
     import warnings
 
+    from mcfl.inputs import check_regular
+
+    if os.path.lexists(path):                   # absent: torch.load's FileNotFoundError, as before
+        check_regular(path, "regular file")
     try:
         with warnings.catch_warnings():      # a foreign pickle's protocol: the error below says it
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
