@@ -123,3 +123,19 @@ def test_fedgsp_json_flags_are_checked_naming_the_flag(flags, message, tmp_path,
                  "--out", str(tmp_path / "out")]) == 1
     _one_line(capsys.readouterr().err, "fedgsp", message)
     assert not (tmp_path / "out").exists()
+
+
+def test_report_writers_names_a_store_whose_samples_are_not_images(tmp_path, capsys):
+    from mcfl.data import write_store
+    from mcfl.data.store import ClientData
+
+    rng = np.random.default_rng(0)
+    clients = [ClientData(f"w{i}", rng.random((3, 5), dtype=np.float32), rng.integers(0, 3, 3),
+                          rng.random((1, 5), dtype=np.float32), np.array([0])) for i in range(4)]
+    store = write_store(tmp_path / "s", clients, n_classes=3, source="test", params={})
+    d = fake_run(tmp_path / "runs", "FeSEM(2)", 0, 0.5)
+    _assignments(d, ["w0", "w1", "w2", "w3"], [0, 0, 1, 1])
+    assert main(["report-writers", "--store", str(store), "--out", str(tmp_path / "out" / "w"), str(d)]) == 1
+    _one_line(capsys.readouterr().err, "report-writers", str(store),
+              "samples of shape [5] are not one-channel square images")
+    assert not (tmp_path / "out").exists()
