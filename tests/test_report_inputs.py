@@ -75,7 +75,7 @@ def test_fedgsp_heatmap_on_a_fedavg_run_is_one_line(tmp_path, capsys):
     avg = _gsp_run(tmp_path / "runs", "FedAvg", 0, {})
     assert main(["fedgsp", "heatmap", str(gsp), str(avg), "--out", str(tmp_path / "out")]) == 1
     _one_line(capsys.readouterr().err, "fedgsp", str(avg / "metrics.json"),
-              "a FedAvg run has no parameter 'growth'; the heatmap compares FedGSP runs")
+              "a FedAvg run has no parameter 'growth'; this figure compares FedGSP runs")
     assert not (tmp_path / "out").exists()
 
 
@@ -113,7 +113,7 @@ def test_report_protocols_keeps_the_paper_beside_femnist_runs(tmp_path):
 @pytest.mark.parametrize("flags, message", [
     (["--train", "["], "--train: not JSON"),
     (["--train", "{}"], "--train: must be a JSON list, found dict"),
-    (["--train", "[1]"], "--train: 1 is not allowed: each entry is an object"),
+    (["--train", "[1]"], "--train: 1 is not allowed: each entry must be a JSON object"),
     (["--train", "[{}]", "--cost", '{"bogus": 1}'], "--cost: unknown constant 'bogus'; known: n_calc"),
     (["--train", "[{}]", "--cost", "[1]"], "--cost: must be a JSON object, found list"),
     (["--train", "[{}]", "--cost", '{"flops": -1}'], "--cost: flops: -1 is not allowed"),

@@ -108,3 +108,21 @@ def read_json(path: str | os.PathLike, limit: int = MAX_JSON_BYTES, *, what: str
         return json.loads(raw)
     except (ValueError, RecursionError) as e:     # JSONDecodeError, UnicodeDecodeError, ...
         raise InputError(f"{path}: not valid JSON ({' '.join(str(e).split())[:160]})") from None
+
+
+def json_flag(text: str, flag: str, kind: type, items: type | None = None):
+    """The JSON text of a command-line flag, a ``kind`` (list or dict; a list's entries each an
+    ``items`` if given); else a one-line :class:`InputError` naming the flag."""
+    import json
+
+    names = {list: "list", dict: "object"}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"{flag}: not JSON ({' '.join(str(e).split())[:160]})") from None
+    if not isinstance(value, kind):
+        raise InputError(f"{flag}: must be a JSON {names[kind]}, found {type(value).__name__} {text!r:.60}")
+    bad = next((v for v in value if not isinstance(v, items)), None) if items and kind is list else None
+    if bad is not None:
+        raise InputError(f"{flag}: {bad!r:.40} is not allowed: each entry must be a JSON {names[items]}")
+    return value
