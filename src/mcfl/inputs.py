@@ -75,12 +75,11 @@ def read_limited(path: str | os.PathLike, limit: int, *, what: str = "file",
                 raise FileNotFoundError(2, "No such file or directory", str(path)) from None
             raise
     with open(path, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not (stat.S_ISREG(mode) or (pipes and stat.S_ISFIFO(mode))):
-            raise InputError(f"{path}: is {kind(mode)}, not a {what}")
-        size = os.fstat(f.fileno()).st_size
-        if stat.S_ISREG(mode) and size > limit:
-            raise InputError(f"{path}: {size} bytes; a {what} may hold at most {limit} bytes")
+        st = os.fstat(f.fileno())
+        if not (stat.S_ISREG(st.st_mode) or (pipes and stat.S_ISFIFO(st.st_mode))):
+            raise InputError(f"{path}: is {kind(st.st_mode)}, not a {what}")
+        if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+            raise InputError(f"{path}: {st.st_size} bytes; a {what} may hold at most {limit} bytes")
         chunks, n = [], 0
         while n <= limit:
             block = f.read(min(_CHUNK, limit + 1 - n))

@@ -108,8 +108,8 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _n
 def read_yaml(path: str | Path) -> Any:
     """Parse a YAML config file; every failure is a one-line ConfigError naming the file. Files
     and streams over :data:`MAX_BYTES` (read with that limit: ``/dev/zero`` or ``<(yes)`` too),
-    anything but a regular file or a pipe, nesting over :data:`MAX_DEPTH` and more than :data:`MAX_NODES` values
-    (aliases expanded) are refused, so no config can make the loader (or what walks its result)
+    anything but a regular file or a pipe, nesting over :data:`MAX_DEPTH` and more than
+    :data:`MAX_NODES` values (aliases expanded) are refused, so no config can make the loader (or what walks its result)
     hang or recurse without bound."""
     path = Path(path)
     try:
