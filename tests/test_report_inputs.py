@@ -139,3 +139,14 @@ def test_report_writers_names_a_store_whose_samples_are_not_images(tmp_path, cap
     _one_line(capsys.readouterr().err, "report-writers", str(store),
               "samples of shape [5] are not one-channel square images")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text, message", [("", "not a run's CSV"), ("a,b\n1,2\n", "no column 'y'"),
+                                           ("y,pred\n\xff\n", "not a run's CSV")])
+def test_a_runs_unreadable_predictions_csv_is_named(text, message, tmp_path):
+    from mcfl.io import read_run
+
+    d = fake_run(tmp_path / "runs", "FedAvg", 0, 0.5)
+    (d / "predictions.csv").write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"predictions\.csv: {message}"):
+        read_run(d, predictions=True)
