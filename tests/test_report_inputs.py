@@ -150,3 +150,12 @@ def test_a_runs_unreadable_predictions_csv_is_named(text, message, tmp_path):
     (d / "predictions.csv").write_bytes(text.encode("latin-1"))
     with pytest.raises(ValueError, match=rf"predictions\.csv: {message}"):
         read_run(d, predictions=True)
+
+
+def test_fedgsp_table_names_a_run_without_test_loss(tmp_path, capsys):
+    gsp = _gsp_run(tmp_path / "runs", "FedGSP", 0, {"growth": "linear", "alpha": 1.0, "beta": 2})
+    m = json.loads((gsp / "metrics.json").read_text())
+    del m["final"]["test_loss"]
+    (gsp / "metrics.json").write_text(json.dumps(m))
+    assert main(["fedgsp", "heatmap", str(gsp), "--out", str(tmp_path / "out")]) == 1
+    _one_line(capsys.readouterr().err, "fedgsp", f"{gsp}: no final.test_loss")

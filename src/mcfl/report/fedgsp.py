@@ -96,6 +96,11 @@ def load_runs(run_dirs: list[Path], train: list[dict] | None = None, need: tuple
     out = []
     for d, t in zip(run_dirs, train):
         m = read_run(d, history=True, predictions=True)
+        lacks = [f"{k}" for k in ("label", "seed", "params", "final") if k not in m] or [
+            f"final.{k}" for k in ("micro_acc", "test_loss") if k not in (m["final"] or {})] or [
+            f"history.csv column {k}" for k in ("round", "micro_acc", "test_loss") if k not in m["history"]]
+        if lacks:
+            raise ValueError(f"{Path(d)}: no {lacks[0]} (the figures read it from a run `mcfl train` wrote)")
         missing = [k for k in need if k not in (m.get("params") or {})]
         if missing:
             raise ValueError(f"{Path(d) / 'metrics.json'}: a {m.get('method', m['label'])} run has no parameter "
