@@ -75,7 +75,7 @@ def test_fedgsp_heatmap_on_a_fedavg_run_is_one_line(tmp_path, capsys):
     avg = _gsp_run(tmp_path / "runs", "FedAvg", 0, {})
     assert main(["fedgsp", "heatmap", str(gsp), str(avg), "--out", str(tmp_path / "out")]) == 1
     _one_line(capsys.readouterr().err, "fedgsp", str(avg / "metrics.json"),
-              "a FedAvg run has no parameter 'growth'; the heatmap compares FedGSP runs")
+              "a FedAvg run has no parameter 'growth'; this figure compares FedGSP runs")
     assert not (tmp_path / "out").exists()
 
 
@@ -108,3 +108,54 @@ def test_report_protocols_keeps_the_paper_beside_femnist_runs(tmp_path):
     t = write(runs, tmp_path / "out" / "p")
     assert t.set_index("method").loc["FedAvg", "paper_mean"] == pytest.approx(84.9)
     assert (tmp_path / "out" / "p.md").read_text().startswith(f"# {TITLE}\n")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--train", "["], "--train: not JSON"),
+    (["--train", "{}"], "--train: must be a JSON list, found dict"),
+    (["--train", "[1]"], "--train: 1 is not allowed: each entry must be a JSON object"),
+    (["--train", "[{}]", "--cost", '{"bogus": 1}'], "--cost: unknown constant 'bogus'; known: n_calc"),
+    (["--train", "[{}]", "--cost", "[1]"], "--cost: must be a JSON object, found list"),
+    (["--train", "[{}]", "--cost", '{"flops": -1}'], "--cost: flops: -1 is not allowed"),
+])
+def test_fedgsp_json_flags_are_checked_naming_the_flag(flags, message, tmp_path, capsys):
+    assert main(["fedgsp", "kappa", str(tmp_path / "run"), "--store", str(tmp_path / "s"), *flags,
+                 "--out", str(tmp_path / "out")]) == 1
+    _one_line(capsys.readouterr().err, "fedgsp", message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_writers_names_a_store_whose_samples_are_not_images(tmp_path, capsys):
+    from mcfl.data import write_store
+    from mcfl.data.store import ClientData
+
+    rng = np.random.default_rng(0)
+    clients = [ClientData(f"w{i}", rng.random((3, 5), dtype=np.float32), rng.integers(0, 3, 3),
+                          rng.random((1, 5), dtype=np.float32), np.array([0])) for i in range(4)]
+    store = write_store(tmp_path / "s", clients, n_classes=3, source="test", params={})
+    d = fake_run(tmp_path / "runs", "FeSEM(2)", 0, 0.5)
+    _assignments(d, ["w0", "w1", "w2", "w3"], [0, 0, 1, 1])
+    assert main(["report-writers", "--store", str(store), "--out", str(tmp_path / "out" / "w"), str(d)]) == 1
+    _one_line(capsys.readouterr().err, "report-writers", str(store),
+              "samples of shape [5] are not one-channel square images")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text, message", [("", "not a run's CSV"), ("a,b\n1,2\n", "no column 'y'"),
+                                           ("y,pred\n\xff\n", "not a run's CSV")])
+def test_a_runs_unreadable_predictions_csv_is_named(text, message, tmp_path):
+    from mcfl.io import read_run
+
+    d = fake_run(tmp_path / "runs", "FedAvg", 0, 0.5)
+    (d / "predictions.csv").write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"predictions\.csv: {message}"):
+        read_run(d, predictions=True)
+
+
+def test_fedgsp_table_names_a_run_without_test_loss(tmp_path, capsys):
+    gsp = _gsp_run(tmp_path / "runs", "FedGSP", 0, {"growth": "linear", "alpha": 1.0, "beta": 2})
+    m = json.loads((gsp / "metrics.json").read_text())
+    del m["final"]["test_loss"]
+    (gsp / "metrics.json").write_text(json.dumps(m))
+    assert main(["fedgsp", "heatmap", str(gsp), "--out", str(tmp_path / "out")]) == 1
+    _one_line(capsys.readouterr().err, "fedgsp", f"{gsp}: no final.test_loss")

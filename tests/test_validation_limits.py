@@ -192,8 +192,10 @@ def test_command_line_values_override_the_files():
 
 @pytest.mark.slow
 def test_snakemake_names_the_config_value(tmp_path, cli_env):
-    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "snakemake"), "-n", "--config", "seeds=abc"],
-                          cwd=ROOT, capture_output=True, text=True, env=cli_env, timeout=300)
+    (tmp_path / "c.yaml").write_text((ROOT / "config" / "config.yaml").read_text())
+    proc = subprocess.run(["snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "-n",
+                           "--configfile", str(tmp_path / "c.yaml"), "--config", "seeds=abc"],
+                          capture_output=True, text=True, env=cli_env, timeout=300)
     assert proc.returncode != 0
     assert "invalid configuration: --config seeds=abc: seeds: 'abc' is not of type 'array'" in proc.stdout + proc.stderr
 
@@ -302,3 +304,20 @@ def test_a_runs_optional_csv_that_is_a_fifo_is_refused_not_taken_for_absent(tmp_
     (tmp_path / "x" / "metrics.json").write_text("[1, 2]")
     with pytest.raises(InputError, match=r"x/metrics\.json: not a run's metrics\.json \(a JSON object\)"):
         read_run(tmp_path / "x")
+
+
+def test_a_merge_key_given_twice_is_a_duplicate_key(tmp_path):
+    (tmp_path / "c.yaml").write_text("x: &x {p: 1}\ny: &y {q: 2}\na: {<<: *x,\n    <<: *y}\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: line 4: duplicate key '<<' \(first given on line 3\); "
+                                          r"merge several mappings with <<: \[\*a, \*b\]"):
+        read_yaml(tmp_path / "c.yaml")
+
+
+def test_a_tensor_file_that_is_a_fifo_is_refused_instead_of_blocking(tmp_path):
+    from mcfl.io import load_tensors
+
+    os.mkfifo(tmp_path / "centres.pt")
+    with pytest.raises(InputError, match=r"centres\.pt: is a pipe \(FIFO\), not a regular file"):
+        load_tensors(tmp_path / "centres.pt", "a centres file")
+    with pytest.raises(FileNotFoundError):
+        load_tensors(tmp_path / "absent.pt", "a centres file")

@@ -75,12 +75,11 @@ def read_limited(path: str | os.PathLike, limit: int, *, what: str = "file",
                 raise FileNotFoundError(2, "No such file or directory", str(path)) from None
             raise
     with open(path, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not (stat.S_ISREG(mode) or (pipes and stat.S_ISFIFO(mode))):
-            raise InputError(f"{path}: is {kind(mode)}, not a {what}")
-        size = os.fstat(f.fileno()).st_size
-        if stat.S_ISREG(mode) and size > limit:
-            raise InputError(f"{path}: {size} bytes; a {what} may hold at most {limit} bytes")
+        st = os.fstat(f.fileno())
+        if not (stat.S_ISREG(st.st_mode) or (pipes and stat.S_ISFIFO(st.st_mode))):
+            raise InputError(f"{path}: is {kind(st.st_mode)}, not a {what}")
+        if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+            raise InputError(f"{path}: {st.st_size} bytes; a {what} may hold at most {limit} bytes")
         chunks, n = [], 0
         while n <= limit:
             block = f.read(min(_CHUNK, limit + 1 - n))
@@ -108,3 +107,21 @@ def read_json(path: str | os.PathLike, limit: int = MAX_JSON_BYTES, *, what: str
         return json.loads(raw)
     except (ValueError, RecursionError) as e:     # JSONDecodeError, UnicodeDecodeError, ...
         raise InputError(f"{path}: not valid JSON ({' '.join(str(e).split())[:160]})") from None
+
+
+def json_flag(text: str, flag: str, kind: type, items: type | None = None):
+    """The JSON text of a command-line flag, a ``kind`` (list or dict; a list's entries each an
+    ``items`` if given); else a one-line :class:`InputError` naming the flag."""
+    import json
+
+    names = {list: "list", dict: "object"}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"{flag}: not JSON ({' '.join(str(e).split())[:160]})") from None
+    if not isinstance(value, kind):
+        raise InputError(f"{flag}: must be a JSON {names[kind]}, found {type(value).__name__} {text!r:.60}")
+    bad = next((v for v in value if not isinstance(v, items)), None) if items and kind is list else None
+    if bad is not None:
+        raise InputError(f"{flag}: {bad!r:.40} is not allowed: each entry must be a JSON {names[items]}")
+    return value

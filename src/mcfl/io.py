@@ -208,7 +208,8 @@ def state_on(state: dict, device: Any) -> dict:
 def load_tensors(path: str | os.PathLike, what: str, map_location: Any = "cpu") -> Any:
     """``torch.load(path, weights_only=True)`` whose every failure is one ValueError naming the
     file (an OSError stays one): a pickle of anything but tensors, numbers and containers is
-    refused without running it, and a file that is no torch archive at all says so."""
+    refused without running it, and a file that is no torch archive at all says so; so is
+    anything but a regular file (a FIFO would block the read)."""
     import pickle
     import zipfile
 
@@ -216,6 +217,10 @@ def load_tensors(path: str | os.PathLike, what: str, map_location: Any = "cpu") 
 
     import warnings
 
+    from mcfl.inputs import check_regular
+
+    if os.path.lexists(path):                   # absent: torch.load's FileNotFoundError, as before
+        check_regular(path, "regular file")
     try:
         with warnings.catch_warnings():      # a foreign pickle's protocol: the error below says it
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
@@ -353,15 +358,15 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
     m["dir"] = d
     if history:
         check_regular(d / "history.csv", "run's history.csv")
-        m["history"] = read_csv(d / "history.csv")
+        m["history"] = _run_csv(d / "history.csv", ())
     if predictions and present(d / "predictions.csv", "run's predictions.csv"):
-        p = read_csv(d / "predictions.csv", usecols=lambda c: c in ("client", "y", "pred"),
+        p = _run_csv(d / "predictions.csv", ("y", "pred"), usecols=lambda c: c in ("client", "y", "pred"),
                      dtype={"client": str})
         m["y"], m["hit"] = p["y"].to_numpy(), (p["y"] == p["pred"]).to_numpy()
         if "client" in p:
             m["client"] = p["client"].to_numpy()
     if clusters and present(d / "assignments.csv", "run's assignments.csv"):
-        a = read_csv(d / "assignments.csv", dtype={"client": str}).dropna(subset=["cluster"])
+        a = _run_csv(d / "assignments.csv", ("client", "cluster"), dtype={"client": str}).dropna(subset=["cluster"])
         if len(a):
             m["cluster_of"] = dict(zip(a["client"], a["cluster"].astype(int)))
     return m
@@ -406,3 +411,18 @@ def read_csv(path: str | os.PathLike, **kwargs: Any):
         return pd.read_csv(path, **kwargs)
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise ValueError(f"{path}: not a readable CSV file ({' '.join(str(e).split())[:100]})") from None
+
+
+def _run_csv(path: Path, columns: tuple[str, ...], **kw):
+    """A run's CSV file read with pandas, holding ``columns``; an empty, malformed or non-UTF-8
+    file, or one without those columns, is one ValueError naming it."""
+    import pandas as pd
+
+    try:
+        t = pd.read_csv(path, **kw)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: not a run's CSV ({' '.join(str(e).split())[:120]})") from None
+    missing = [c for c in columns if c not in t.columns]
+    if missing:
+        raise ValueError(f"{path}: no column {missing[0]!r}; is it a file `mcfl train` wrote?")
+    return t

@@ -45,8 +45,6 @@ def load_config(*paths: str | Path) -> dict:
         raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
 
 
-
-
 def validate_with_overrides(cfg: dict, overrides: dict[str, Any], source: str) -> dict:
     """``cfg`` (config files read and merged) with Snakemake's ``--config KEY=VALUE`` values
     ``overrides`` merged over it (:func:`command_line_values`, then as an overlay file would be),

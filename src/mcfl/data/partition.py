@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -10,7 +11,7 @@ import numpy as np
 def check_alpha(alpha: float, name: str = "alpha") -> None:
     """A Dirichlet concentration is a positive finite number (NaN is neither); the error names
     ``name`` (the key or flag that gave it)."""
-    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+    if isinstance(alpha, bool) or not (isinstance(alpha, numbers.Real) and math.isfinite(alpha) and alpha > 0):
         raise ValueError(f"{name}: {alpha!r:.40} is not allowed: a Dirichlet concentration must be "
                          f"a positive finite number (e.g. 0.5)")
 

@@ -27,6 +27,7 @@ writer spreads over the same few domains, while the shares still follow style. W
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,17 @@ def share_association(stats: pd.DataFrame, shares: pd.DataFrame) -> pd.DataFrame
     return pd.DataFrame(out, columns=["domain", "stat", "rho", "p"])
 
 
+def check_images(store) -> None:
+    """The statistics are of handwriting: samples must be one-channel square images (FEMNIST's
+    28 x 28, flat or not); else a one-line ValueError naming the store."""
+    shape = tuple(store.x_shape)
+    size = math.prod(shape)
+    side = math.isqrt(size)
+    if side < 2 or side * side != size or (len(shape) == 3 and shape[0] != 1):
+        raise ValueError(f"{store.path}: samples of shape {list(shape)} are not one-channel square "
+                         f"images; report-writers measures handwriting (stores like FEMNIST's)")
+
+
 def read_assignments(path: Path, clients: pd.Series) -> pd.DataFrame:
     """A run's ``assignments.csv`` checked against the store's ``clients``: every client named
     once and one of the store's (a stray one would be dropped from every statistic without a
@@ -145,7 +157,9 @@ def write(store_path: str | Path, run_dirs: list[str | Path], out: str | Path, *
           shares: bool = False) -> pd.DataFrame:
     """``<out>.csv`` (label, seed, stat, eta2, kruskal_p, clusters) and ``<out>.md`` from clustered runs;
     with ``shares``, ``<out>-shares.csv`` too (module docstring)."""
-    stats = writer_stats(load(store_path))
+    store = load(store_path)
+    check_images(store)
+    stats = writer_stats(store)
     rows, means, share_rows, mix = [], {}, [], {}
     for d in run_dirs:
         m = read_run(d)
