@@ -132,6 +132,8 @@ def test_commands_reading_run_folders(world, mlflow_db, cmd, data):
         named = edit_run_dir(w, data)
         if cmd in GSP_ONLY:                  # they refuse the world's runs (not FedGSP) by name
             named += RUN_DIRS
+        if cmd == "report-writers":          # it refuses the world's store (not images) by name
+            named.append(STORE)
         argv = run_dir_command(cmd, RUN_DIRS)
         db = w.parent.parent / f"{w.parent.name}.db"
         shutil.copy(mlflow_db, db)

@@ -18,6 +18,7 @@ def _cmd_prepare(a) -> int:
 
     params = {k: v for k, v in vars(a).items() if k not in ("cmd", "source", "out", "verbose")
               and v is not None}
+    _check_source_flags(a.source, params)
     out = prepare(a.source, a.out, **params)
     from mcfl.data import load
 
@@ -25,6 +26,21 @@ def _cmd_prepare(a) -> int:
     print(f"{out}: {d.n_clients} clients, {d.meta['n_train']} train / {d.meta['n_test']} test samples, "
           f"{d.n_classes} classes, content hash {d.content_hash[:12]}")
     return 0
+
+
+def _check_source_flags(source: str, params: dict) -> None:
+    """The flags of ``mcfl prepare SOURCE`` checked against the source's annotated bounds, as a
+    config's ``prepare`` block is (``--seed 1e20`` names ``--seed``, not numpy's seed range)."""
+    import inspect as _inspect
+
+    from mcfl.config.validate import _check_value, _hints, _param_hint
+    from mcfl.data import source_fn
+
+    fn = source_fn(source)
+    sig, hints = _inspect.signature(fn), _hints(fn)
+    for name, value in params.items():
+        if name in sig.parameters:
+            _check_value("--" + name.replace("_", "-"), value, _param_hint(sig.parameters[name], hints))
 
 
 def _cmd_partition(a) -> int:
