@@ -122,3 +122,23 @@ def test_prepare_names_a_seed_numpy_cannot_take():
         out = run_in_process(["prepare", "synthetic", "--out", "s", "--seed", "1" * 400], Path(d))
         assert out.code == 1 and out.err.startswith("mcfl prepare: error: --seed: "), str(out)
         assert list(Path(d).iterdir()) == []
+
+
+def _train_edited(world, edit: dict, names: list[str]):
+    run = {**run_json("FeSEM", {"K": 2, "restarts": 1}), **edit}
+    with sandbox(world) as w:
+        argv = ["train", "--run", json.dumps(run), "--store", STORE, "--out", "out/run", *TRAIN_FLAGS]
+        out = strict_promises(w, argv, "train", names)
+        assert out.code == 1
+
+
+@pytest.mark.xfail(strict=True, reason="mcfl train --run with seed '../x': \"invalid literal for int() with "
+                                       "base 10: '../x'\", naming neither --run nor seed")
+def test_train_names_a_seed_that_is_not_an_integer(world):
+    _train_edited(world, {"seed": "../x"}, ["seed"])
+
+
+@pytest.mark.xfail(strict=True, reason="mcfl train --run with model {}: KeyError 'name' traceback "
+                                       "(mcfl.federation.build_model)")
+def test_train_names_a_model_without_a_name(world):
+    _train_edited(world, {"model": {}}, ["model"])
