@@ -14,6 +14,11 @@ from mcfl.track import TrackingError, _client, experiment_id
 from test_paths import _fake_run
 
 
+#: what `mcfl track` reads of a run's metrics.json besides its final metrics
+RECORDABLE = {"run_hash": "h" * 16, "data_hash": "d" * 16, "git": "abc", "wall_s": 2.0,
+              "config": {"dataset": "digits", "method": "FedAvg", "label": "FedAvg", "seed": 0, "params": {}}}
+
+
 @pytest.fixture(scope="module")
 def fresh_store(tmp_path_factory):
     """A store created by mcfl (under a temporary name, then renamed): made once, copied by tests."""
@@ -104,7 +109,7 @@ def test_mlflow_log_lines_stay_off_the_screen_unless_verbose(store_uri, capfd):
 
 @pytest.mark.parametrize("damage", ["truncated metrics", "binary metrics", "history not utf-8"])
 def test_mcfl_track_names_a_damaged_run_file(damage, store_uri, tmp_path, capsys):
-    run = _fake_run(tmp_path / "runs" / "r", config={"dataset": "digits"})
+    run = _fake_run(tmp_path / "runs" / "r", **RECORDABLE)
     if damage == "truncated metrics":
         f = run / "metrics.json"
         f.write_bytes(f.read_bytes()[:30])
@@ -150,7 +155,7 @@ def test_what_a_sigkill_left_while_creating_the_store_is_cleared(tmp_path, monke
 
 @pytest.mark.parametrize("cell, column", [("../../escape", "eval_s"), ("x", "round")])
 def test_mcfl_track_names_a_history_cell_that_is_not_a_number(cell, column, store_uri, tmp_path, capsys):
-    run = _fake_run(tmp_path / "runs" / "r", config={"dataset": "digits"}, wall_s=2.0)
+    run = _fake_run(tmp_path / "runs" / "r", **RECORDABLE)
     (run / "history.csv").write_text(f"round,train_loss,eval_s\n1,1.0,0.1\n{cell if column == 'round' else 2},"
                                      f"0.9,{cell if column == 'eval_s' else 0.2}\n")
     assert cli.main(["track", "--experiment", "e", "--out", str(tmp_path / "t.tsv"), str(run)]) == 1
@@ -158,8 +163,15 @@ def test_mcfl_track_names_a_history_cell_that_is_not_a_number(cell, column, stor
                                                f"{cell!r} is not a number")
 
 
-def test_mcfl_track_names_metrics_of_the_wrong_type(store_uri, tmp_path, capsys):
-    run = _fake_run(tmp_path / "runs" / "r", config=[1], wall_s=2.0)
+@pytest.mark.parametrize("change, message", [
+    ({"config": [1]}, "config is list, not an object"),
+    ({"run_hash": None}, "run_hash: missing; not a finished run's metrics"),
+    ({"git": 3}, "git: not a string; not a finished run's metrics"),
+    ({"config": {"dataset": "digits"}}, "config: missing method, label, seed, params"),
+    ({"wall_s": "soon"}, "wall_s: 'soon' is not a number"),
+], ids=["config", "no-run-hash", "git", "config-keys", "wall_s"])
+def test_mcfl_track_names_metrics_of_the_wrong_shape(change, message, store_uri, tmp_path, capsys):
+    metrics = {k: v for k, v in {**RECORDABLE, **change}.items() if v is not None}
+    run = _fake_run(tmp_path / "runs" / "r", **metrics)
     assert cli.main(["track", "--experiment", "e", "--out", str(tmp_path / "t.tsv"), str(run)]) == 1
-    assert capsys.readouterr().err.strip() == (f"mcfl track: error: {run / 'metrics.json'}: config is list, "
-                                               f"not an object")
+    assert capsys.readouterr().err.strip().startswith(f"mcfl track: error: {run / 'metrics.json'}: {message}")

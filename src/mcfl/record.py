@@ -48,11 +48,19 @@ def _round_times(rows: list[dict], start_s: float) -> list[int]:
 
 def _check_recordable(d: Path, m: dict) -> None:
     """What recording reads of ``metrics.json`` has its type, else a ValueError naming the key."""
+    f = d / "metrics.json"
     if not isinstance(m["config"], dict):
-        raise ValueError(f"{d / 'metrics.json'}: config is {type(m['config']).__name__}, not an object")
+        raise ValueError(f"{f}: config is {type(m['config']).__name__}, not an object")
+    for key in ("run_hash", "data_hash", "git"):
+        if not isinstance(m.get(key), str):
+            raise ValueError(f"{f}: {key}: {'missing' if key not in m else 'not a string'}; not a finished "
+                             f"run's metrics (rerun the training job to record it)")
+    missing = [k for k in ("dataset", "method", "label", "seed", "params") if k not in m["config"]]
+    if missing or not isinstance(m["config"]["params"], dict):
+        raise ValueError(f"{f}: config: {'missing ' + ', '.join(missing) if missing else 'params is not an object'}")
     wall = m.get("wall_s")
     if wall is not None and (isinstance(wall, bool) or not isinstance(wall, (int, float))):
-        raise ValueError(f"{d / 'metrics.json'}: wall_s: {wall!r:.40} is not a number")
+        raise ValueError(f"{f}: wall_s: {wall!r:.40} is not a number")
 
 
 def _history(path: Path) -> list[dict]:
