@@ -92,9 +92,8 @@ def test_fedgsp_table_names_a_run_without_test_loss(world):
         strict_promises(w, run_dir_command("fedgsp table", RUN_DIRS), "fedgsp", ["runs/FeSEM-K2", "test_loss"])
 
 
-@pytest.mark.xfail(strict=True, reason="mcfl track: KeyError 'run_hash' traceback (mcfl.track) on a "
-                                       "metrics.json without run_hash")
 def test_track_names_a_metrics_json_without_run_hash(world, mlflow_db):
+    """Found: a KeyError 'run_hash' traceback (mcfl.track)."""
     import shutil
 
     from .test_cli_fuzz import environment
