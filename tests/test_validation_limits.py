@@ -276,7 +276,7 @@ def test_a_runs_metrics_json_that_is_a_device_or_fifo_is_refused_by_name(tmp_pat
         read_run(tmp_path / "a")
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "metrics.json").write_text('{"label": ')
-    with pytest.raises(InputError, match=r"b/metrics\.json: not valid JSON"):
+    with pytest.raises(InputError, match=r"b/metrics\.json: not a run's metrics \(not UTF-8 JSON"):
         read_run(tmp_path / "b")
 
 

@@ -358,7 +358,7 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
     m["dir"] = d
     if history:
         check_regular(d / "history.csv", "run's history.csv")
-        m["history"] = _run_csv(d / "history.csv", ())
+        m["history"] = read_csv(d / "history.csv")
     if predictions and present(d / "predictions.csv", "run's predictions.csv"):
         p = _run_csv(d / "predictions.csv", ("y", "pred"), usecols=lambda c: c in ("client", "y", "pred"),
                      dtype={"client": str})
@@ -388,14 +388,15 @@ def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
 
 def parse_metrics(raw: bytes, path: str | os.PathLike) -> dict[str, Any]:
     """:func:`read_metrics` of the bytes ``raw`` read from ``path``."""
+    from mcfl.inputs import InputError
     from mcfl.paths import plain_name
 
     try:
         m = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{path}: not a run's metrics (not UTF-8 JSON: {' '.join(str(e).split())[:100]})") from None
+        raise InputError(f"{path}: not a run's metrics (not UTF-8 JSON: {' '.join(str(e).split())[:100]})") from None
     if not isinstance(m, dict):
-        raise ValueError(f"{path}: not a run's metrics (a JSON {type(m).__name__}, not an object)")
+        raise InputError(f"{path}: not a run's metrics.json (a JSON object): a JSON {type(m).__name__}, not an object")
     for key in NAME_KEYS:
         if key in m:
             plain_name(m[key], f"{path}: {key}")
