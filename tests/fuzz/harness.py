@@ -161,7 +161,8 @@ def sandbox(world: Path):
 #: test in test_found.py passes)
 KNOWN_FINDINGS = {
     r"mcfl report-fedcg: error: No columns to parse from file": "test_an_empty_predictions_csv_is_named",
-    r"mcfl train: error: invalid literal for int\(\)": "test_train_names_a_seed_that_is_not_an_integer",
+    r"mcfl train: error: invalid literal for int\(\)|int\(\) argument must be":
+        "test_train_names_a_seed_that_is_not_an_integer",
     r"KeyError: 'name'": "test_train_names_a_model_without_a_name",
 }
 

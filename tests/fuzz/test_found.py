@@ -132,9 +132,10 @@ def _train_edited(world, edit: dict, names: list[str]):
 
 
 @pytest.mark.xfail(strict=True, reason="mcfl train --run with seed '../x': \"invalid literal for int() with "
-                                       "base 10: '../x'\", naming neither --run nor seed")
-def test_train_names_a_seed_that_is_not_an_integer(world):
-    _train_edited(world, {"seed": "../x"}, ["seed"])
+                                       "base 10: '../x'\"; with seed [0]: a TypeError traceback")
+@pytest.mark.parametrize("seed", ["../x", [0]])
+def test_train_names_a_seed_that_is_not_an_integer(world, seed):
+    _train_edited(world, {"seed": seed}, ["seed"])
 
 
 @pytest.mark.xfail(strict=True, reason="mcfl train --run with model {}: KeyError 'name' traceback "
