@@ -29,8 +29,9 @@ def _cmd_prepare(a) -> int:
 
 
 def _check_source_flags(source: str, params: dict) -> None:
-    """The flags of ``mcfl prepare SOURCE`` checked against the source's annotated bounds, as a
-    config's ``prepare`` block is (``--seed 1e20`` names ``--seed``, not numpy's seed range)."""
+    """The single-valued flags of ``mcfl prepare SOURCE`` checked against the source's annotated
+    bounds, as a config's ``prepare`` block is (``--seed 1e20`` names ``--seed``, not numpy's seed
+    range); repeatable flags arrive as text and are parsed and checked by the source."""
     import inspect as _inspect
 
     from mcfl.config.validate import _check_value, _hints, _param_hint
@@ -39,7 +40,7 @@ def _check_source_flags(source: str, params: dict) -> None:
     fn = source_fn(source)
     sig, hints = _inspect.signature(fn), _hints(fn)
     for name, value in params.items():
-        if name in sig.parameters:
+        if name in sig.parameters and not isinstance(value, list):   # lists: text, the source parses them
             _check_value("--" + name.replace("_", "-"), value, _param_hint(sig.parameters[name], hints))
 
 
