@@ -159,3 +159,10 @@ def test_fedgsp_table_names_a_run_without_test_loss(tmp_path, capsys):
     (gsp / "metrics.json").write_text(json.dumps(m))
     assert main(["fedgsp", "heatmap", str(gsp), "--out", str(tmp_path / "out")]) == 1
     _one_line(capsys.readouterr().err, "fedgsp", f"{gsp}: no final.test_loss")
+
+
+def test_report_fedcg_names_an_empty_predictions_csv(tmp_path, capsys):
+    d = fake_run(tmp_path / "runs", "FedAvg", 0, 0.5)
+    (d / "predictions.csv").write_text("")
+    assert main(["report-fedcg", "--out", str(tmp_path / "out"), str(d)]) == 1
+    _one_line(capsys.readouterr().err, "report-fedcg", f"{d / 'predictions.csv'}: not a run's CSV")

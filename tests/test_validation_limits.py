@@ -321,3 +321,22 @@ def test_a_tensor_file_that_is_a_fifo_is_refused_instead_of_blocking(tmp_path):
         load_tensors(tmp_path / "centres.pt", "a centres file")
     with pytest.raises(FileNotFoundError):
         load_tensors(tmp_path / "absent.pt", "a centres file")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("seed", "../x", r"--run: seed: '\.\./x' is not allowed: a seed is a non-negative integer"),
+    ("seed", [0], r"--run: seed: \[0\] is not allowed"), ("seed", True, r"--run: seed: True is not allowed"),
+    ("seed", -1, r"--run: seed: -1 is not allowed"),
+    ("model", {}, r"--run: model\.name: None is not allowed; known models: "),
+    ("model", {"name": "nope"}, r"--run: model\.name: 'nope' is not allowed"),
+    ("model", {"name": "digits_cnn", "hidden": "big"}, r"--run: model\.hidden: 'big' is not allowed"),
+])
+def test_a_run_json_with_a_bad_seed_or_model_is_refused_naming_the_key(key, value, message):
+    import json
+
+    from mcfl.config import expand_runs
+
+    run = expand_runs(validate(_base()))[0]
+    run[key] = value
+    with pytest.raises(ConfigError, match=message):
+        parse_run(json.dumps(run))

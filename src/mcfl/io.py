@@ -360,13 +360,13 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
         check_regular(d / "history.csv", "run's history.csv")
         m["history"] = read_csv(d / "history.csv")
     if predictions and present(d / "predictions.csv", "run's predictions.csv"):
-        p = _run_csv(d / "predictions.csv", ("y", "pred"), usecols=lambda c: c in ("client", "y", "pred"),
+        p = read_run_csv(d / "predictions.csv", ("y", "pred"), usecols=lambda c: c in ("client", "y", "pred"),
                      dtype={"client": str})
         m["y"], m["hit"] = p["y"].to_numpy(), (p["y"] == p["pred"]).to_numpy()
         if "client" in p:
             m["client"] = p["client"].to_numpy()
     if clusters and present(d / "assignments.csv", "run's assignments.csv"):
-        a = _run_csv(d / "assignments.csv", ("client", "cluster"), dtype={"client": str}).dropna(subset=["cluster"])
+        a = read_run_csv(d / "assignments.csv", ("client", "cluster"), dtype={"client": str}).dropna(subset=["cluster"])
         if len(a):
             m["cluster_of"] = dict(zip(a["client"], a["cluster"].astype(int)))
     return m
@@ -414,7 +414,7 @@ def read_csv(path: str | os.PathLike, **kwargs: Any):
         raise ValueError(f"{path}: not a readable CSV file ({' '.join(str(e).split())[:100]})") from None
 
 
-def _run_csv(path: Path, columns: tuple[str, ...], **kw):
+def read_run_csv(path: Path, columns: tuple[str, ...], **kw):
     """A run's CSV file read with pandas, holding ``columns``; an empty, malformed or non-UTF-8
     file, or one without those columns, is one ValueError naming it."""
     import pandas as pd
