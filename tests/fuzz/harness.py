@@ -160,10 +160,6 @@ def sandbox(world: Path):
 #: let through here, so that the fuzz tests go on checking everything else (drop a line when its
 #: test in test_found.py passes)
 KNOWN_FINDINGS = {
-    r"mcfl report-fedcg: error: No columns to parse from file": "test_an_empty_predictions_csv_is_named",
-    r"mcfl train: error: invalid literal for int\(\)|int\(\) argument must be":
-        "test_train_names_a_seed_that_is_not_an_integer",
-    r"KeyError: 'name'": "test_train_names_a_model_without_a_name",
     r"could not convert string to float|KeyError: '(label|micro_acc|macro_acc|test_loss|final|seed|method)'":
         "test_reports_name_a_metrics_json_with_a_bad_key",
 }

@@ -54,9 +54,7 @@ def test_report_on_a_run_whose_dataset_climbs_out_writes_nothing_outside(world):
                        earlier="out/report")
 
 
-@pytest.mark.parametrize("cmd", ["fedgsp table", pytest.param("report-fedcg", marks=pytest.mark.xfail(
-    strict=True, reason="mcfl.report.fedcg reads predictions.csv with a bare pandas.read_csv: 'No columns "
-                        "to parse from file', naming nothing")), "report-protocols"])
+@pytest.mark.parametrize("cmd", ["fedgsp table", "report-fedcg", "report-protocols"])
 def test_an_empty_predictions_csv_is_named(world, cmd):
     """Found: pandas' 'No columns to parse from file', naming nothing."""
     with sandbox(world) as w:
@@ -131,16 +129,14 @@ def _train_edited(world, edit: dict, names: list[str]):
         assert out.code == 1
 
 
-@pytest.mark.xfail(strict=True, reason="mcfl train --run with seed '../x': \"invalid literal for int() with "
-                                       "base 10: '../x'\"; with seed [0]: a TypeError traceback")
 @pytest.mark.parametrize("seed", ["../x", [0]])
 def test_train_names_a_seed_that_is_not_an_integer(world, seed):
+    """Found: "invalid literal for int() with base 10: '../x'"; for [0], a TypeError traceback."""
     _train_edited(world, {"seed": seed}, ["seed"])
 
 
-@pytest.mark.xfail(strict=True, reason="mcfl train --run with model {}: KeyError 'name' traceback "
-                                       "(mcfl.federation.build_model)")
 def test_train_names_a_model_without_a_name(world):
+    """Found: a KeyError 'name' traceback (mcfl.federation.build_model)."""
     _train_edited(world, {"model": {}}, ["model"])
 
 
