@@ -98,10 +98,12 @@ def staged(out: str | os.PathLike) -> Iterator[Path]:
     write them into under their relative names (subfolders allowed); when every file is written,
     rename each into place. A failure or a kill while writing (a full disk, SIGTERM) removes the
     staging directory and leaves the earlier files in ``out`` as they were; only the final renames,
-    which write no data, stand between the two sets. Files of ``out`` the set does not name stay."""
+    which write no data, stand between the two sets. Files of ``out`` the set does not name stay;
+    an ``out`` this call created is removed again when the set fails, if nothing else is in it."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out}: --out must be a directory, not a file")
+    created, done = not out.exists(), False
     try:
         out.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out / _STAGED)
@@ -116,6 +118,7 @@ def staged(out: str | os.PathLike) -> Iterator[Path]:
             (out / f).parent.mkdir(parents=True, exist_ok=True)
         for f in files:
             os.replace(tmp / f, out / f)
+        done = True
     except OSError as e:
         if e.filename is None:
             raise named(e, out) from e
@@ -124,6 +127,9 @@ def staged(out: str | os.PathLike) -> Iterator[Path]:
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created and not done:
+            with contextlib.suppress(OSError):
+                out.rmdir()
 
 
 _STAGED = "staged"
@@ -202,7 +208,8 @@ def state_on(state: dict, device: Any) -> dict:
 def load_tensors(path: str | os.PathLike, what: str, map_location: Any = "cpu") -> Any:
     """``torch.load(path, weights_only=True)`` whose every failure is one ValueError naming the
     file (an OSError stays one): a pickle of anything but tensors, numbers and containers is
-    refused without running it, and a file that is no torch archive at all says so."""
+    refused without running it, and a file that is no torch archive at all says so; so is
+    anything but a regular file (a FIFO would block the read)."""
     import pickle
     import zipfile
 
@@ -210,6 +217,10 @@ def load_tensors(path: str | os.PathLike, what: str, map_location: Any = "cpu") 
 
     import warnings
 
+    from mcfl.inputs import check_regular
+
+    if os.path.lexists(path):                   # absent: torch.load's FileNotFoundError, as before
+        check_regular(path, "regular file")
     try:
         with warnings.catch_warnings():      # a foreign pickle's protocol: the error below says it
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
@@ -340,19 +351,22 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
     its writer ``client``; with ``clusters``, each client's final cluster (``cluster_of``, from
     ``assignments.csv``; absent for unclustered methods): the one reader of run directories for
     every report."""
+    from mcfl.inputs import check_regular, present
+
     d = Path(run_dir)
     m = read_metrics(d / "metrics.json")
     m["dir"] = d
     if history:
+        check_regular(d / "history.csv", "run's history.csv")
         m["history"] = read_csv(d / "history.csv")
-    if predictions and (d / "predictions.csv").is_file():
-        p = read_csv(d / "predictions.csv", usecols=lambda c: c in ("client", "y", "pred"),
-                        dtype={"client": str})
+    if predictions and present(d / "predictions.csv", "run's predictions.csv"):
+        p = read_run_csv(d / "predictions.csv", ("y", "pred"), usecols=lambda c: c in ("client", "y", "pred"),
+                     dtype={"client": str})
         m["y"], m["hit"] = p["y"].to_numpy(), (p["y"] == p["pred"]).to_numpy()
         if "client" in p:
             m["client"] = p["client"].to_numpy()
-    if clusters and (d / "assignments.csv").is_file():
-        a = read_csv(d / "assignments.csv", dtype={"client": str}).dropna(subset=["cluster"])
+    if clusters and present(d / "assignments.csv", "run's assignments.csv"):
+        a = read_run_csv(d / "assignments.csv", ("client", "cluster"), dtype={"client": str}).dropna(subset=["cluster"])
         if len(a):
             m["cluster_of"] = dict(zip(a["client"], a["cluster"].astype(int)))
     return m
@@ -365,20 +379,24 @@ NAME_KEYS = ("dataset", "method", "label", "run_id")
 def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
     """A run's ``metrics.json``, checked: a JSON object whose names (:data:`NAME_KEYS`, where
     present) are plain names (:func:`mcfl.paths.plain_name`); otherwise a one-line ValueError
-    naming the file (a truncated or binary file, a ``dataset`` of ``../../x``)."""
-    return parse_metrics(Path(path).read_bytes(), path)
+    naming the file (a truncated or binary file, a ``dataset`` of ``../../x``). Read with a byte
+    limit, regular files only (:func:`mcfl.inputs.read_limited`)."""
+    from mcfl.inputs import MAX_JSON_BYTES, read_limited
+
+    return parse_metrics(read_limited(path, MAX_JSON_BYTES, what="run's metrics.json"), path)
 
 
 def parse_metrics(raw: bytes, path: str | os.PathLike) -> dict[str, Any]:
     """:func:`read_metrics` of the bytes ``raw`` read from ``path``."""
+    from mcfl.inputs import InputError
     from mcfl.paths import plain_name
 
     try:
         m = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{path}: not a run's metrics (not UTF-8 JSON: {' '.join(str(e).split())[:100]})") from None
+        raise InputError(f"{path}: not a run's metrics (not UTF-8 JSON: {' '.join(str(e).split())[:100]})") from None
     if not isinstance(m, dict):
-        raise ValueError(f"{path}: not a run's metrics (a JSON {type(m).__name__}, not an object)")
+        raise InputError(f"{path}: not a run's metrics.json (a JSON object): a JSON {type(m).__name__}, not an object")
     for key in NAME_KEYS:
         if key in m:
             plain_name(m[key], f"{path}: {key}")
@@ -394,3 +412,18 @@ def read_csv(path: str | os.PathLike, **kwargs: Any):
         return pd.read_csv(path, **kwargs)
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise ValueError(f"{path}: not a readable CSV file ({' '.join(str(e).split())[:100]})") from None
+
+
+def read_run_csv(path: Path, columns: tuple[str, ...], **kw):
+    """A run's CSV file read with pandas, holding ``columns``; an empty, malformed or non-UTF-8
+    file, or one without those columns, is one ValueError naming it."""
+    import pandas as pd
+
+    try:
+        t = pd.read_csv(path, **kw)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: not a run's CSV ({' '.join(str(e).split())[:120]})") from None
+    missing = [c for c in columns if c not in t.columns]
+    if missing:
+        raise ValueError(f"{path}: no column {missing[0]!r}; is it a file `mcfl train` wrote?")
+    return t

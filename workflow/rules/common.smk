@@ -6,30 +6,32 @@
 # element by element, so an optional flag is a list: the flag and its value, or nothing). Config values
 # (results, data_dir, experiment, ...) then reach the command as single words whatever they contain;
 # tests/test_faults.py checks every rule file for it.
-import copy
 import os
 import sys
 import time
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import update_config
 
-from mcfl.config import ConfigError, command_line_values, name_defaults, read_configs, validate
+from mcfl.config import ConfigError, name_defaults, read_configs, validate_with_overrides
 from mcfl.data.store import FORMAT as STORE_FORMAT  # a param of the rules that write stores
 from mcfl.plan import Plan
 
 try:
     # The config files are read and merged by mcfl's loader, the one `mcfl check-config A B` uses (an
     # overlay's `replace:` keys; duplicated keys, deep nesting, alias bombs and files over 1 MB
-    # refused), and that reading replaces Snakemake's, with `--config KEY=VALUE` on top;
-    # `results`/`experiment` left out are named after the last config file.
+    # refused), and that reading replaces Snakemake's, with `--config KEY=VALUE` on top (an error
+    # only those values make names them, not the files); `results`/`experiment` left out are named
+    # after the last config file.
     _merged = read_configs(workflow.configfiles)
-    update_config(_merged, command_line_values(copy.deepcopy(dict(workflow.config_settings.config or {}))))
+    if workflow.configfiles:
+        name_defaults(_merged, workflow.configfiles[-1])
+    _merged = validate_with_overrides(
+        _merged,
+        workflow.config_settings.config or {},
+        " + ".join(map(str, workflow.configfiles)) or "config",
+    )
     config.clear()
     config.update(_merged)
-    if workflow.configfiles:
-        name_defaults(config, workflow.configfiles[-1])
-    validate(config, " + ".join(map(str, workflow.configfiles)) or "config")
     P = Plan(config)
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}")

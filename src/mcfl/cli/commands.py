@@ -18,6 +18,7 @@ def _cmd_prepare(a) -> int:
 
     params = {k: v for k, v in vars(a).items() if k not in ("cmd", "source", "out", "verbose")
               and v is not None}
+    _check_source_flags(a.source, params)
     out = prepare(a.source, a.out, **params)
     from mcfl.data import load
 
@@ -27,13 +28,35 @@ def _cmd_prepare(a) -> int:
     return 0
 
 
+def _check_source_flags(source: str, params: dict) -> None:
+    """The single-valued flags of ``mcfl prepare SOURCE`` checked against the source's annotated
+    bounds, as a config's ``prepare`` block is (``--seed 1e20`` names ``--seed``, not numpy's seed
+    range); repeatable flags arrive as text and are parsed and checked by the source."""
+    import inspect as _inspect
+
+    from mcfl.config.validate import _check_value, _hints, _param_hint
+    from mcfl.data import source_fn
+
+    fn = source_fn(source)
+    sig, hints = _inspect.signature(fn), _hints(fn)
+    for name, value in params.items():
+        if name in sig.parameters and not isinstance(value, list):   # lists: text, the source parses them
+            _check_value("--" + name.replace("_", "-"), value, _param_hint(sig.parameters[name], hints))
+
+
 def _cmd_partition(a) -> int:
     from mcfl.data import load
+    from mcfl.data.partition import check_alpha
     from mcfl.data.repartition import partition_store
 
-    out = partition_store(a.store, a.out, scheme=a.scheme, clients=a.clients, alpha=a.alpha,
-                          classes_per_client=a.classes_per_client, min_samples=a.min_samples,
-                          sizes=a.sizes, split=a.split, test_fraction=a.test_fraction, seed=a.seed)
+    if a.scheme == "dirichlet":
+        check_alpha(a.alpha, "--alpha")
+    try:
+        out = partition_store(a.store, a.out, scheme=a.scheme, clients=a.clients, alpha=a.alpha,
+                              classes_per_client=a.classes_per_client, min_samples=a.min_samples,
+                              sizes=a.sizes, split=a.split, test_fraction=a.test_fraction, seed=a.seed)
+    except ValueError as e:                     # the draw's own check: name the flag
+        raise (ValueError(f"--{e}") if str(e).startswith("alpha: ") else e) from None
     d = load(out)
     print(f"{out}: {d.meta['partition']['label']}, {d.n_clients} clients, {d.meta['n_train']} train / "
           f"{d.meta['n_test']} test samples, content hash {d.content_hash[:12]}")

@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from mcfl.data.write import write_arrays
+from mcfl.inputs import InputError, read_json
 from mcfl.io import atomic_path, staged, write_text
 
 
@@ -51,7 +51,10 @@ def sub_store(data, clients: np.ndarray, out: Path) -> Path:
 
 def read_k(path) -> int:
     try:
-        return int(json.loads(Path(path).read_text())["K"])
+        return int(read_json(path, what="select-k result")["K"])
+    except InputError as e:                     # not JSON, not a regular file, too large
+        raise ValueError(f"{path}: not a select-k result ({str(e).removeprefix(f'{path}: ')}); rerun "
+                         f"the select_k rule") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a select-k result ({type(e).__name__}: {e}); rerun the "
                          f"select_k rule") from None
@@ -62,7 +65,7 @@ def write_select_k_report(files: list[Path], out: Path) -> None:
     dataset, label and seed, with every candidate's micro accuracy)."""
     import pandas as pd                      # (only for this report)
 
-    results = [json.loads(Path(f).read_text()) for f in files]
+    results = [read_json(f, what="select-k result") for f in files]
     rows = [{"dataset": r["dataset"], "label": r["label"], "seed": r["seed"],
              "criterion": r["settings"]["criterion"], "chosen_K": r["K"], **s} for r in results
             for s in r["scores"]]

@@ -20,14 +20,17 @@ seed); each run is a plain dict that fully determines the training job (it is th
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 from mcfl.config.files import ConfigError, command_line_values, merge, name_defaults, read_configs, read_yaml
 from mcfl.config.run_arg import parse_run
 from mcfl.config.validate import SCHEMA_PATH, SECTIONS, _schema, expand_runs, method_params, n_clients, validate
 
 __all__ = ["ConfigError", "SCHEMA_PATH", "SECTIONS", "_schema", "command_line_values", "expand_runs", "load_config",
-           "merge", "method_params", "n_clients", "name_defaults", "parse_run", "read_configs", "read_yaml", "validate"]
+           "merge", "method_params", "n_clients", "name_defaults", "parse_run", "read_configs", "read_yaml", "validate",
+           "validate_with_overrides"]
 
 
 def load_config(*paths: str | Path) -> dict:
@@ -42,3 +45,23 @@ def load_config(*paths: str | Path) -> dict:
         raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
 
 
+def validate_with_overrides(cfg: dict, overrides: dict[str, Any], source: str) -> dict:
+    """``cfg`` (config files read and merged) with Snakemake's ``--config KEY=VALUE`` values
+    ``overrides`` merged over it (:func:`command_line_values`, then as an overlay file would be),
+    validated; returned. An error the files alone do not have is blamed on the command line
+    (``--config seeds=abc: seeds: 'abc' is not of type 'array'``), not on the files."""
+    values = command_line_values(copy.deepcopy(dict(overrides or {})))
+    files_only = copy.deepcopy(cfg) if values else None
+    merged = merge(cfg, values, "--config") if values else cfg
+    try:
+        return validate(merged, source)
+    except ConfigError as e:
+        if files_only is None:
+            raise
+        try:
+            validate(files_only, source)
+        except ConfigError:
+            raise e from None                   # the files are at fault (too)
+        given = " ".join(f"{k}={v}" for k, v in overrides.items())
+        msg = str(e).removeprefix(f"{source}: ")
+        raise ConfigError(f"--config {given}: {msg}") from None

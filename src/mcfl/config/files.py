@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from mcfl.inputs import InputError, read_limited
+
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the file and the key."""
@@ -71,9 +73,24 @@ class _StrictLoader(yaml.SafeLoader):
         return node
 
 
+#: the tag of YAML's merge key ``<<`` (``train: {<<: *defaults, lr: 0.05}``)
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _no_duplicates(loader, node, deep=False):
+    """A mapping whose keys are all distinct. Keys merged in by ``<<`` (YAML's merge key, which
+    PyYAML's safe loader and Snakemake accept) are not duplicates: a key given beside the merge
+    overrides the merged value, as the merge key's specification says; ``<<`` itself is given at
+    most once (``<<: [*a, *b]`` merges several)."""
     seen: dict = {}
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            line = key_node.start_mark.line + 1
+            if _MERGE_TAG in seen:
+                raise ConfigError(f"line {line}: duplicate key '<<' (first given on line "
+                                  f"{seen[_MERGE_TAG]}); merge several mappings with <<: [*a, *b]")
+            seen[_MERGE_TAG] = line
+            continue
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
         try:
@@ -90,15 +107,16 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _n
 
 def read_yaml(path: str | Path) -> Any:
     """Parse a YAML config file; every failure is a one-line ConfigError naming the file. Files
-    over :data:`MAX_BYTES`, nesting over :data:`MAX_DEPTH` and more than :data:`MAX_NODES` values
-    (aliases expanded) are refused, so no config can make the loader (or what walks its result)
+    and streams over :data:`MAX_BYTES` (read with that limit: ``/dev/zero`` or ``<(yes)`` too),
+    anything but a regular file or a pipe, nesting over :data:`MAX_DEPTH` and more than
+    :data:`MAX_NODES` values (aliases expanded) are refused, so no config can make the loader (or what walks its result)
     hang or recurse without bound."""
     path = Path(path)
     try:
-        if path.is_file() and path.stat().st_size > MAX_BYTES:
-            raise ConfigError(f"{path}: {path.stat().st_size} bytes; a config file may hold at "
-                              f"most {MAX_BYTES} bytes")
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+        text = read_limited(path, MAX_BYTES, what="config file", pipes=True).decode("utf-8")
+        return yaml.load(text, Loader=_StrictLoader)
+    except InputError as e:
+        raise ConfigError(str(e)) from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except IsADirectoryError:

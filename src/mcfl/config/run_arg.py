@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mcfl.config.files import ConfigError, _path
-from mcfl.config.validate import _check_numbers, _schema, method_params
+from mcfl.config.validate import _check_kwargs, _check_numbers, _schema, method_params
 from mcfl.paths import plain_name
 
 RUN_KEYS = ("dataset", "method", "label", "run_id", "seed", "params", "model", "train")
@@ -49,6 +49,10 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool | tuple[str, ...]
         for key in ("train", "model") + (("params",) if keys is RUN_KEYS else ()):
             if not isinstance(run[key], dict):
                 raise ConfigError(f"{key}: must be an object, found {run[key]!r:.40}")
+        seed = run["seed"]
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ConfigError(f"seed: {seed!r:.40} is not allowed: a seed is a non-negative integer")
+        _check_model(run["model"])
         train_schema = {"$ref": "#/$defs/train", "$defs": _schema()["$defs"]}     # its $refs resolve
         errors = list(jsonschema.Draft202012Validator(train_schema).iter_errors(run["train"]))
         if errors:
@@ -68,3 +72,14 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool | tuple[str, ...]
     return run
 
 
+
+
+def _check_model(model: dict) -> None:
+    """A run's ``model``: a known builder's ``name`` and that builder's keyword arguments."""
+    from mcfl import models
+
+    name = model.get("name")
+    if not isinstance(name, str) or name not in models.MODELS:
+        raise ConfigError(f"model.name: {name!r:.40} is not allowed; known models: "
+                          f"{', '.join(sorted(models.MODELS))}")
+    _check_kwargs("model", models.MODELS[name], model, skip=("name",))

@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 import inspect
 import math
+import struct
 import types
 import typing
 from pathlib import Path
@@ -39,9 +40,26 @@ SECTIONS = {"fedgsp": "mcfl.fedgsp.config:check_fedgsp"}
 SIZE_LIMIT = 10**9
 
 
+#: the largest finite float32 and the smallest positive one (subnormal): a config's float outside
+#: this range would be inf or 0 once training casts it to float32 (``lr: 1e300``)
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.401298464324817e-45
+
+
+def _fits_float32(x: float) -> bool:
+    """``x`` cast to float32 (round to nearest, as ``torch.tensor(x)`` does) is finite, and not 0
+    unless ``x`` is."""
+    try:
+        y = struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return False
+    return math.isfinite(y) and (y != 0 or x == 0)
+
+
 def _check_numbers(node: Any, parts: list) -> None:
-    """Every number of the config is finite (YAML's .nan/.inf pass JSON-schema bounds) and no
-    integer is unreasonably large; the error names the key."""
+    """Every number of the config is finite (YAML's .nan/.inf pass JSON-schema bounds) and a float
+    in float32's range (:func:`_fits_float32`: the precision training uses its hyper-parameters in),
+    and no integer is unreasonably large; the error names the key."""
     if len(parts) > MAX_DEPTH:
         raise ConfigError(f"{_path(parts)}: nested more than {MAX_DEPTH} levels deep")
     if isinstance(node, dict):
@@ -55,6 +73,10 @@ def _check_numbers(node: Any, parts: list) -> None:
             _check_numbers(v, parts + [i])
     elif isinstance(node, float) and not math.isfinite(node):
         raise ConfigError(f"{_path(parts)}: {node} is not allowed: numbers must be finite")
+    elif isinstance(node, float) and not _fits_float32(node):
+        raise ConfigError(f"{_path(parts)}: {node} is not allowed: it is "
+                          f"{'inf' if abs(node) > 1 else '0'} as a float32, the precision "
+                          f"models train in (magnitudes from {FLOAT32_TINY:.1e} to {FLOAT32_MAX:.1e})")
     elif (isinstance(node, int) and not isinstance(node, bool) and abs(node) > SIZE_LIMIT
           and not any("seed" in str(p) for p in parts)):
         raise ConfigError(f"{_path(parts)}: {node} is not allowed: larger than {SIZE_LIMIT:.0e}")

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
+
+
+def check_alpha(alpha: float, name: str = "alpha") -> None:
+    """A Dirichlet concentration is a positive finite number (NaN is neither); the error names
+    ``name`` (the key or flag that gave it)."""
+    if isinstance(alpha, bool) or not (isinstance(alpha, numbers.Real) and math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"{name}: {alpha!r:.40} is not allowed: a Dirichlet concentration must be "
+                         f"a positive finite number (e.g. 0.5)")
 
 
 def dirichlet_partition(labels: np.ndarray, n_clients: int, alpha: float, rng: np.random.Generator,
@@ -12,28 +23,46 @@ def dirichlet_partition(labels: np.ndarray, n_clients: int, alpha: float, rng: n
     For every class k, proportions p_k ~ Dir_J(alpha) over the J clients decide how class k's samples
     are dealt out (FeSEM §6.1: "a non-IID partition by p_k ~ Dir_J(0.5)"). As in FedMA's reference
     code, a client that already holds more than N/J samples gets no more. The draw is repeated until
-    every client has at least ``min_size`` samples. Returns sorted index arrays, one per client.
+    every client has at least ``min_size`` samples, and also when a class's proportions fall wholly
+    on clients that are full (a tiny ``alpha`` puts all of p_k on one client; the reference code's
+    0/0 would then give NaN cut points). Proportions that are not finite or do not sum to 1 in
+    float64 (``alpha`` near the largest float) are refused. Returns sorted index arrays, one per
+    client.
     """
+    check_alpha(alpha)
     labels = np.asarray(labels)
     n = len(labels)
     if n_clients * min_size > n:
         raise ValueError(f"cannot give {n_clients} clients {min_size} samples each from {n} samples")
     classes = np.unique(labels)
     for _ in range(max_tries):
-        parts: list[list[int]] = [[] for _ in range(n_clients)]
-        for k in classes:
-            idx = np.flatnonzero(labels == k)
-            rng.shuffle(idx)
-            p = rng.dirichlet(np.full(n_clients, alpha))
-            p = p * np.array([len(b) < n / n_clients for b in parts])
-            p = p / p.sum()
-            cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
-            for j, chunk in enumerate(np.split(idx, cuts)):
-                parts[j].extend(chunk.tolist())
-        if min(len(b) for b in parts) >= min_size:
+        parts = _deal_by_class(labels, classes, n_clients, alpha, rng)
+        if parts is not None and min(len(b) for b in parts) >= min_size:
             return [np.sort(np.asarray(b, dtype=np.int64)) for b in parts]
     raise ValueError(f"Dirichlet({alpha}) partition gave a client fewer than {min_size} samples in "
                      f"{max_tries} tries; raise alpha, lower min_size or use fewer clients")
+
+
+def _deal_by_class(labels, classes, n_clients: int, alpha: float, rng: np.random.Generator):
+    """One try of :func:`dirichlet_partition`: each client's indices, or None when a class's
+    proportions fall wholly on full clients."""
+    n = len(labels)
+    parts: list[list[int]] = [[] for _ in range(n_clients)]
+    for k in classes:
+        idx = np.flatnonzero(labels == k)
+        rng.shuffle(idx)
+        p = rng.dirichlet(np.full(n_clients, alpha))
+        if not (np.all(np.isfinite(p)) and abs(p.sum() - 1.0) < 1e-6):
+            raise ValueError(f"alpha: {alpha} is not allowed: its Dirichlet proportions are not "
+                             f"defined in float64 (they sum to {p.sum():g}); use a smaller alpha")
+        p = p * np.array([len(b) < n / n_clients for b in parts])
+        if p.sum() == 0:
+            return None
+        p = p / p.sum()
+        cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
+        for j, chunk in enumerate(np.split(idx, cuts)):
+            parts[j].extend(chunk.tolist())
+    return parts
 
 
 def split_train_test(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from mcfl.inputs import MAX_JSON_BYTES, InputError, read_limited
 from mcfl.io import sha256_file
 
 log = logging.getLogger("mcfl")
@@ -319,11 +320,13 @@ def verify_store(path: str | Path, *, full: bool = False) -> dict[str, Any]:
     implies. ``full``: every array file's sha256 against meta.json (a full read)."""
     path = Path(path)
     meta_path = path / "meta.json"
-    if not meta_path.is_file():
+    if not (meta_path.exists() or meta_path.is_symlink()):       # not a regular file: read_limited says
         raise StoreError(f"{meta_path}: missing; {path} is not a prepared store "
                          f"(make one with `mcfl prepare`)")
     try:
-        meta = json.loads(meta_path.read_bytes())
+        meta = json.loads(read_limited(meta_path, MAX_JSON_BYTES, what="store's meta.json"))
+    except InputError as e:
+        raise StoreError(str(e)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise StoreError(f"{meta_path}: not valid JSON ({e})") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:

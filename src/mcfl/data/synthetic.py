@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from annotated_types import Ge, Gt, Lt
+from annotated_types import Ge, Gt, Le, Lt
 
 from mcfl.data.partition import split_train_test
 from mcfl.data.store import ClientData
@@ -69,7 +69,7 @@ def make_synthetic(out: str | Path, *, clients: Annotated[int, Ge(1)] = 100,
                    dim: Annotated[int, Ge(1)] = 60, variant: Literal["leaf", "fedprox"] = "leaf",
                    alpha: Annotated[float, Ge(0)] = 1.0, beta: Annotated[float, Ge(0)] = 1.0,
                    test_fraction: Annotated[float, Gt(0), Lt(1)] = 0.2,
-                   seed: Annotated[int, Ge(0)] = 931231) -> Path:
+                   seed: Annotated[int, Ge(0), Le(2**32 - 1)] = 931231) -> Path:
     if variant == "leaf":
         tasks = leaf_synthetic_tasks(clients, classes, dim, clusters, seed)
     elif variant == "fedprox":

@@ -27,6 +27,8 @@ method is the case f(r) = K (every client its own group) with kappa = clients pe
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,6 +91,18 @@ class CostModel:
     model_mb: float = 25.2        # model size M, MB
     rate_in: float = 567.0        # inbound rate, Mbit/s
     rate_out: float = 567.0       # outbound rate, Mbit/s
+
+
+def cost_model(given: dict) -> CostModel:
+    """A :class:`CostModel` from ``--cost``'s constants, each a known key and a positive finite
+    number; else a one-line ValueError naming the flag and the key."""
+    known = [f.name for f in dataclasses.fields(CostModel)]
+    for key, value in given.items():
+        if key not in known:
+            raise ValueError(f"--cost: unknown constant {key!r}; known: {', '.join(known)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"--cost: {key}: {value!r:.40} is not allowed: a positive finite number")
+    return CostModel(**{k: float(v) for k, v in given.items()})
 
 
 def t_comp(f: np.ndarray, kappa: np.ndarray | float, K: int, n: float, e: float,

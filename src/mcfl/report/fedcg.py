@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mcfl.io import atomic_path, read_run, staged, write_text
+from mcfl.inputs import present
+from mcfl.io import atomic_path, read_run, read_run_csv, staged, write_text
 from mcfl.report.format import machines, machines_section, markdown_html, markdown_table, mean_std
 from mcfl.metrics import paired_counts, sign_test_p
 
@@ -56,8 +57,8 @@ def load_runs(run_dirs: list[Path]) -> list[dict]:
     runs = []
     for d in map(Path, run_dirs):
         m = read_run(d)
-        if (d / "predictions.csv").is_file():
-            p = pd.read_csv(d / "predictions.csv", usecols=lambda c: c in ("y", "pred", "domain"))
+        if present(d / "predictions.csv", "run's predictions.csv"):
+            p = read_run_csv(d / "predictions.csv", ("y", "pred"), usecols=lambda c: c in ("y", "pred", "domain"))
             m["hit"] = (p["y"] == p["pred"]).to_numpy()
             m["y"], m["path"] = p["y"].to_numpy(), d / "predictions.csv"
             if "domain" in p and "unseen_domains" in m:

@@ -26,7 +26,6 @@ per round.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +33,9 @@ import pandas as pd
 
 from mcfl.cluster.icg import icg_groups, random_groups
 from mcfl.data.store import load
-from mcfl.fedgsp.metrics import (CostModel, class_counts, group_counts, pairwise_cpd,
+from mcfl.fedgsp.metrics import (CostModel, class_counts, cost_model, group_counts, pairwise_cpd,
                                  rounds_to_target, run_cost)
+from mcfl.inputs import json_flag
 from mcfl.io import atomic_path, read_run, staged, write_text
 from mcfl.metrics import paired_counts, sign_test_p
 from mcfl.report.format import (diverged_cell, diverged_note, machine, machines_section, markdown_html,
@@ -85,16 +85,26 @@ def _store_stats(store) -> tuple[int, float]:
     return d.n_clients, float(np.diff(np.asarray(d.offsets_train)).mean())
 
 
-def load_runs(run_dirs: list[Path], train: list[dict] | None = None) -> list[dict]:
+def load_runs(run_dirs: list[Path], train: list[dict] | None = None, need: tuple[str, ...] = ()) -> list[dict]:
     """One record per run directory: ``run`` (label, method, dataset, seed, params and machine from
     its metrics.json, and the train settings ``train[i]``: clients_per_round, local_epochs),
-    ``final`` metrics, ``hist``, and ``y`` / ``hit`` per test image where it wrote predictions.csv."""
+    ``final`` metrics, ``hist``, and ``y`` / ``hit`` per test image where it wrote predictions.csv.
+    A run without the FedGSP parameters ``need`` (a FedAvg run) is a one-line error naming it."""
     train = train if train is not None else [{}] * len(run_dirs)
     if len(run_dirs) != len(train):
         raise ValueError(f"{len(run_dirs)} run directories but {len(train)} train settings")
     out = []
     for d, t in zip(run_dirs, train):
         m = read_run(d, history=True, predictions=True)
+        lacks = [f"{k}" for k in ("label", "seed", "params", "final") if k not in m] or [
+            f"final.{k}" for k in ("micro_acc", "test_loss") if k not in (m["final"] or {})] or [
+            f"history.csv column {k}" for k in ("round", "micro_acc", "test_loss") if k not in m["history"]]
+        if lacks:
+            raise ValueError(f"{Path(d)}: no {lacks[0]} (the figures read it from a run `mcfl train` wrote)")
+        missing = [k for k in need if k not in (m.get("params") or {})]
+        if missing:
+            raise ValueError(f"{Path(d) / 'metrics.json'}: a {m.get('method', m['label'])} run has no parameter "
+                             f"{missing[0]!r}; this figure compares FedGSP runs ({', '.join(need)})")
         run = {"label": m["label"], "method": m.get("method", m["label"]), "dataset": m.get("dataset", ""),
                "seed": m["seed"], "params": m["params"], "train": t, "machine": machine(m), "dir": Path(d),
                "diverged": m.get("diverged")}
@@ -332,7 +342,7 @@ def write_table(run_dirs: list[Path], train: list[dict], store, target: float, o
 
 # ------------------------------------------------------------------------------------- Figs. 4, 5
 def write_heatmap(run_dirs: list[Path], out: Path) -> pd.DataFrame:
-    recs = load_runs(run_dirs)
+    recs = load_runs(run_dirs, need=("growth", "alpha", "beta"))
     df = pd.DataFrame([{**{k: r["run"]["params"][k] for k in ("growth", "alpha", "beta")},
                         "loss": r["final"]["test_loss"], "accuracy": r["final"]["micro_acc"]} for r in recs])
     df = df.groupby(["growth", "alpha", "beta"], sort=False).agg(
@@ -361,7 +371,7 @@ def write_heatmap(run_dirs: list[Path], out: Path) -> pd.DataFrame:
 
 def write_kappa(run_dirs: list[Path], train: list[dict], store, out: Path,
                 cost: CostModel = CostModel()) -> pd.DataFrame:
-    recs = load_runs(run_dirs, train)
+    recs = load_runs(run_dirs, train, need=("kappa",))
     K, n = _store_stats(store)
     rows = []
     for r in recs:
@@ -436,7 +446,8 @@ def _write(a, out: Path) -> str:
     dirs = [Path(d) for d in a.run_dirs]
     if a.what == "heatmap":
         return write_heatmap(dirs, out).to_string(index=False)
-    train, cost = json.loads(a.train), CostModel(**json.loads(a.cost))
+    train = json_flag(a.train, "--train", list, items=dict)
+    cost = cost_model(json_flag(a.cost, "--cost", dict))
     if a.what == "table":
         return table_markdown(write_table(dirs, train, a.store, a.target, out, cost))
     return write_kappa(dirs, train, a.store, out, cost).to_string(index=False)

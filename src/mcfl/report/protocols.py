@@ -2,7 +2,9 @@
 
 One row per method label (config order), in percent micro accuracy (mean ± std over seeds):
 
-* ``paper``: FeSEM's journal Table 2 (``paper_tables.csv``), where the paper has the row;
+* ``paper``: FeSEM's journal Table 2 (``paper_tables.csv``), where the paper has the row and the
+  runs are on FEMNIST (runs whose metrics.json names another data source, e.g. digits, get an
+  empty column, a note saying why and, unless a title is given, a title naming their dataset);
 * ``paper_protocol``: our runs of the paper's *training* protocol (a second results directory, e.g.
   ``config/femnist-sample/paper.yaml``'s) scored with the authors' V1 evaluation (``v1/…``
   columns), blank where those runs do not exist (yet);
@@ -123,14 +125,33 @@ def paired(mine: list[dict], ref: dict[int, dict], prefix: str = "", key: str = 
     return {prefix + k: v for k, v in out.items()}
 
 
+#: the data sources whose runs the paper's FEMNIST numbers may stand beside (``leaf_json``: LEAF's
+#: own JSON, which is how FEMNIST comes from LEAF's scripts)
+PAPER_SOURCES = ("femnist", "leaf_json")
+
+
+def other_datasets(runs: list[dict]) -> list[str]:
+    """The datasets of ``runs`` whose recorded data source (metrics.json's ``config.data.source``)
+    is not FEMNIST's, e.g. ``["digits"]``: the paper's numbers do not belong beside them. A run
+    that records no source is taken to be on the paper's data."""
+    other = {}
+    for m in runs:
+        data = (m.get("config") or {}).get("data") if isinstance(m.get("config"), dict) else None
+        source = data.get("source") if isinstance(data, dict) else None
+        if source is not None and source not in PAPER_SOURCES:
+            other.setdefault(str(m.get("dataset", source)))
+    return list(other)
+
+
 def table(runs: list[dict], paper_runs: list[dict], reference: str = "FedAvg",
-          authors_runs: list[dict] | None = None) -> pd.DataFrame:
+          authors_runs: list[dict] | None = None, paper_numbers: bool = True) -> pd.DataFrame:
     """The numbers of the table: one row per method label (config order), then one per label only
-    the authors' code runs have (their settings switched one at a time), with those columns alone."""
+    the authors' code runs have (their settings switched one at a time), with those columns alone.
+    Without ``paper_numbers`` (runs on another dataset than FEMNIST) the paper's column is empty."""
     authors_runs = authors_runs or []
     paper = paper_tables()
     paper = paper[(paper["paper"] == "journal") & (paper["dataset"] == "FEMNIST") & (paper["metric"] == METRIC)]
-    paper = dict(zip(paper["method"], zip(paper["value"], paper["std"])))
+    paper = dict(zip(paper["method"], zip(paper["value"], paper["std"]))) if paper_numbers else {}
     names = protocol_names(runs)
     ref = {m["seed"]: m for m in runs if m["label"] == reference}
     authors_ref = {m["seed"]: m for m in authors_runs if m["label"] == reference}
@@ -193,8 +214,10 @@ def _seeded(r: pd.Series, key: str, absent: str) -> str:
     return f"{mean_std(r[f'{key}_mean'], r[f'{key}_std'])} ({n} seed{'s' if n > 1 else ''}{f', {m} machines' if m > 1 else ''})"
 
 
-def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, authors: bool = False) -> str:
-    """The Markdown page; ``authors``: with the authors' code column (a config that names its results)."""
+def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, authors: bool = False,
+                note: str = "") -> str:
+    """The Markdown page; ``authors``: with the authors' code column (a config that names its results);
+    ``note``: a sentence put after the explanation of the table."""
     ms = lambda r, k: mean_std(r[f"{k}_mean"], r[f"{k}_std"])  # noqa: E731
     head = ["method", "paper (Table 2)", "ours: paper's protocol", "ours: authors' code", "ours: standard",
             f"Δ vs {reference} (standard)", f"images only this / only {reference}", "sign test p", "seeds"]
@@ -222,7 +245,7 @@ def to_markdown(t: pd.DataFrame, names: list[str], reference: str, title: str, a
            "tested on its own model, no fine-tuning. Δ: paired over seeds against the same seed's "
            f"{reference} (only the seeds both have); the sign test counts the test images only one of the two classifies correctly "
            "(summed over seeds; exact two-sided binomial). A cell whose seeds ran on more than one machine "
-           "says how many; *Machines* below names them.", "",
+           "says how many; *Machines* below names them." + (f" {note}" if note else ""), "",
            markdown_table(head, rows)]
     if names:
         out += ["## The same trained models under the authors' evaluation choices", "",
@@ -293,12 +316,16 @@ def write(run_dirs: list[str | Path], out: str | Path, *, paper_results: str | P
     if not any(m["label"] == reference for m in runs):
         raise ValueError(f"protocols.reference: no run labelled {reference!r} among the {len(runs)} runs "
                          f"(labels: {sorted({m['label'] for m in runs})})")
-    t = table(runs, paper_runs, reference, authors_runs)
+    other = other_datasets(runs)
+    t = table(runs, paper_runs, reference, authors_runs, paper_numbers=not other)
+    note = (f"The paper's column is left empty: these runs are on {', '.join(other)}, not on FEMNIST, "
+            f"the dataset of the paper's Table 2." if other else "")
+    title = title or (f"FeSEM's Table 2 protocols on {', '.join(other)}" if other else TITLE)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with staged(out.parent) as stage:          # both files or neither (mcfl.io.staged)
         with atomic_path(stage / out.with_suffix(".csv").name) as tmp:
             t.round(4).to_csv(tmp, index=False)
-        write_text(stage / out.with_suffix(".md").name, to_markdown(t, protocol_names(runs), reference, title or TITLE,
-                                                         authors=authors_results is not None))
+        write_text(stage / out.with_suffix(".md").name, to_markdown(t, protocol_names(runs), reference, title,
+                                                         authors=authors_results is not None, note=note))
     return t

@@ -27,12 +27,14 @@ writer spreads over the same few domains, while the shares still follow style. W
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from mcfl.data.store import load
+from mcfl.inputs import check_regular
 from mcfl.io import atomic_path, read_run, staged, write_text
 from mcfl.report.format import markdown_table
 
@@ -109,15 +111,59 @@ def share_association(stats: pd.DataFrame, shares: pd.DataFrame) -> pd.DataFrame
     return pd.DataFrame(out, columns=["domain", "stat", "rho", "p"])
 
 
+def check_images(store) -> None:
+    """The statistics are of handwriting: samples must be one-channel square images (FEMNIST's
+    28 x 28, flat or not); else a one-line ValueError naming the store."""
+    shape = tuple(store.x_shape)
+    size = math.prod(shape)
+    side = math.isqrt(size)
+    if side < 2 or side * side != size or (len(shape) == 3 and shape[0] != 1):
+        raise ValueError(f"{store.path}: samples of shape {list(shape)} are not one-channel square "
+                         f"images; report-writers measures handwriting (stores like FEMNIST's)")
+
+
+def read_assignments(path: Path, clients: pd.Series) -> pd.DataFrame:
+    """A run's ``assignments.csv`` checked against the store's ``clients``: every client named
+    once and one of the store's (a stray one would be dropped from every statistic without a
+    word), every cluster blank (an unclustered method) or an integer from 0 to the number of
+    clients - 1. Errors are one-line ValueErrors naming the file."""
+    check_regular(path, "run's assignments.csv")
+    try:
+        a = pd.read_csv(path, dtype={"client": str})
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise ValueError(f"{path}: not a readable assignments CSV ({' '.join(str(e).split())[:120]})") from None
+    missing = [c for c in ("client", "cluster") if c not in a.columns]
+    if missing:
+        raise ValueError(f"{path}: no column {missing[0]!r} (expected client, cluster as `mcfl train` writes)")
+    known = set(clients)
+    stray = [c for c in a["client"] if c not in known]
+    if stray:
+        raise ValueError(f"{path}: client {stray[0]!r} is not a client of the store "
+                         f"({len(known)} clients); is it the store the run trained on?")
+    twice = a["client"][a["client"].duplicated()]
+    if len(twice):
+        raise ValueError(f"{path}: client {twice.iloc[0]!r} is named twice")
+    c = pd.to_numeric(a["cluster"], errors="coerce")
+    bad = (a["cluster"].notna() & (c.isna() | (c != c.round()) | (c < 0) | (c >= len(known))))
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise ValueError(f"{path}: client {a['client'].iloc[i]!r} has cluster {a['cluster'].iloc[i]}; "
+                         f"a cluster is an integer from 0 to {len(known) - 1} (the store has "
+                         f"{len(known)} clients)")
+    return a
+
+
 def write(store_path: str | Path, run_dirs: list[str | Path], out: str | Path, *,
           shares: bool = False) -> pd.DataFrame:
     """``<out>.csv`` (label, seed, stat, eta2, kruskal_p, clusters) and ``<out>.md`` from clustered runs;
     with ``shares``, ``<out>-shares.csv`` too (module docstring)."""
-    stats = writer_stats(load(store_path))
+    store = load(store_path)
+    check_images(store)
+    stats = writer_stats(store)
     rows, means, share_rows, mix = [], {}, [], {}
     for d in run_dirs:
         m = read_run(d)
-        a = pd.read_csv(Path(d) / "assignments.csv", dtype={"client": str})
+        a = read_assignments(Path(d) / "assignments.csv", stats["client"])
         if a["cluster"].isna().all():
             continue
         cols = [c for c in a.columns if c.startswith(SHARE)]

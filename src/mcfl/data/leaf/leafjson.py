@@ -34,6 +34,7 @@ round trip is exact.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 import re
@@ -47,6 +48,7 @@ from annotated_types import Ge
 from mcfl.data.leaf import DataSourceError
 from mcfl.data.store import MAX_CLASSES, ClientData, StoreError, load
 from mcfl.data.write import write_store
+from mcfl.inputs import InputError, check_regular, read_limited
 from mcfl.io import atomic_path
 
 USERS_PER_FILE = 100
@@ -56,17 +58,49 @@ PATTERNS = ("*.json", "*.json.gz")
 _BOOL = re.compile(rb"[\[,:]\s*(?:true|false)\s*[,\]}]")
 
 
+#: the most bytes one LEAF JSON file may hold, and a ``.json.gz`` once decompressed (LEAF's
+#: FEMNIST shards hold a few hundred MB each)
+MAX_FILE_BYTES = 1 << 32
+
+
 def leaf_files(folder: str | Path) -> list[Path]:
-    """The LEAF JSON files of one split folder (``*.json`` and ``*.json.gz``), sorted."""
-    return sorted(f for pattern in PATTERNS for f in Path(folder).glob(pattern) if f.is_file())
+    """The LEAF JSON files of one split folder (``*.json`` and ``*.json.gz``), sorted. A name that
+    matches but is not a regular file (a dangling symbolic link, a FIFO, a device, a directory) is
+    refused by name: skipping it would write a store without that shard's users."""
+    files = sorted(f for pattern in PATTERNS for f in Path(folder).glob(pattern))
+    for f in files:
+        try:
+            check_regular(f, "LEAF JSON file")
+        except InputError as e:
+            raise DataSourceError(str(e)) from None
+    return files
+
+
+def _read_bytes(f: Path) -> bytes:
+    """A LEAF file's JSON bytes (decompressed for ``.gz``), at most :data:`MAX_FILE_BYTES`."""
+    try:
+        raw = read_limited(f, MAX_FILE_BYTES, what="LEAF JSON file")
+    except InputError as e:
+        raise DataSourceError(str(e)) from None
+    except OSError as e:
+        raise DataSourceError(f"{f}: cannot read ({e.strerror or e})") from None
+    if not f.name.endswith(".gz"):
+        return raw
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:
+            raw = g.read(MAX_FILE_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataSourceError(f"{f}: not a readable gzip file ({e})") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise DataSourceError(f"{f}: more than {MAX_FILE_BYTES} bytes once decompressed; a LEAF "
+                              f"JSON file may hold at most {MAX_FILE_BYTES} bytes")
+    return raw
 
 
 def _read_doc(f: Path) -> dict:
+    raw = _read_bytes(f)
     try:
-        raw = gzip.decompress(f.read_bytes()) if f.name.endswith(".gz") else f.read_bytes()
         data = json.loads(raw)
-    except (OSError, EOFError, zlib.error) as e:
-        raise DataSourceError(f"{f}: not a readable gzip file ({e})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataSourceError(f"{f}: not valid JSON ({e})") from None
     except RecursionError:
@@ -154,6 +188,18 @@ def _numeric(values: list, where: str, what: str) -> np.ndarray:
     raise DataSourceError(f"{where}: {what} is {bad}")
 
 
+def _check_float32(x: np.ndarray, where: str) -> None:
+    """Every value of ``x`` (float64, one row per sample) is finite in float32, the precision the
+    store keeps and training uses; checked before any arithmetic on ``x``, so numpy warns of
+    nothing. The error names the file, the user and the sample."""
+    bad = ~(np.abs(x) <= np.finfo(np.float32).max)          # NaN compares False: bad too
+    if bad.any():
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+        raise DataSourceError(f"{where}: x of sample {i} holds {x[i, j]:g} (value {j}): not a finite "
+                              f"float32 (magnitude at most {np.finfo(np.float32).max:.2e}), the "
+                              f"precision the store keeps")
+
+
 def _labels(y: list, where: str) -> np.ndarray:
     a = _numeric(y, where, "y")
     if a.ndim != 1 or not np.all(np.isfinite(a)) or np.any(a != np.round(a)) or np.any(a < 0):
@@ -219,6 +265,8 @@ def _make_leaf_json(out, src: Path, images, n_classes, x_shape, workers) -> Path
                 raise DataSourceError(f"{where}: x must hold vectors of {dim or 'equal'} numbers")
             if xa is not None and xa.shape[1] == 0:
                 raise DataSourceError(f"{where}: x holds samples of no values")
+            if xa is not None:
+                _check_float32(xa, where)
             dim = dim or (xa.shape[1] if xa is not None else None)
             parts[split, u] = (_compact(xa), _labels(y, where))
     exact = all(x is None or x.dtype == np.uint8 for x, _ in parts.values())
