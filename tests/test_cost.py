@@ -23,7 +23,7 @@ def _recording_build(monkeypatch):
 
 
 def test_a_huge_batch_is_timed_on_a_bounded_probe_and_scaled_linearly(monkeypatch):
-    from mcfl.cost import PROBE_ROWS, measure_step, probe_rows
+    from mcfl.probe import PROBE_ROWS, measure_step, probe_rows
 
     shapes = _recording_build(monkeypatch)
     step_s, sample_s = measure_step({"name": "logreg"}, (60,), 5, 10**9, "cpu", repeats=1)
@@ -128,7 +128,7 @@ def test_the_dag_s_jobs_are_what_is_costed(tmp_path):
 
 
 def test_the_method_probe_trains_batches_of_at_most_a_client_s_samples(tmp_path):
-    from mcfl.cost import _probe_store, _probe_train
+    from mcfl.probe import _probe_store, _probe_train
     from mcfl.workload import DataSize
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=1438, n_test=50, origin="test")
@@ -171,14 +171,14 @@ def test_a_method_s_probe_round_becomes_its_step_factor_server_and_evaluation(tm
     one local epoch: 12 local steps a round. FedAvg's local training 0.24 s over 12 bare steps of
     0.01 s is a factor 2 (what the engine adds); FeSEM's 0.36 s a factor 3, its server step 0.06 s
     is 0.01 s a client. A method that fails on the probe counts as FedAvg."""
-    from mcfl import cost
+    from mcfl import cost, probe
     from mcfl.plan import Plan
     from mcfl.workload import DataSize, RunCost
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=1440, n_test=50, origin="test")
     runs = list(Plan(validate(_own(tmp_path, batch_size=10))).runs.values())
     seconds = {"FedAvg": (0.24, 0.0, 0.06), "FeSEM": (0.36, 0.06, 0.12)}
-    monkeypatch.setattr(cost, "_time_method", lambda run, data, device: seconds[run["method"]])
+    monkeypatch.setattr(probe, "_time_method", lambda run, data, device: seconds[run["method"]])
     costs = cost.method_costs(runs, size, "cpu", timer=lambda *a: (0.01, 0.001))
     fedavg, fesem = (costs[cost.method_key(r)] for r in runs)
     assert fedavg == cost.MethodCost(pytest.approx(2.0), 0.0, pytest.approx(0.01))
@@ -193,6 +193,6 @@ def test_a_method_s_probe_round_becomes_its_step_factor_server_and_evaluation(tm
             raise RuntimeError("no")
         return seconds["FedAvg"]
 
-    monkeypatch.setattr(cost, "_time_method", fails)
+    monkeypatch.setattr(probe, "_time_method", fails)
     costs = cost.method_costs(runs, size, "cpu", timer=lambda *a: (0.01, 0.001))
     assert costs[cost.method_key(runs[1])] == costs[cost.method_key(runs[0])]

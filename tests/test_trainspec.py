@@ -44,4 +44,4 @@ def test_schema_parsed_with_libyaml_is_the_pure_python_parse():
     a = read_schema()
     a["$defs"]["train"]["properties"]["rounds"]["default"] = -1    # callers' edits stay theirs
     assert read_schema() == yaml.safe_load(SCHEMA_PATH.read_text())
-    assert _schema()["$defs"]["method"]["properties"]["method"]["enum"]          # enums filled in
+    assert _schema()["$defs"]["method"]["properties"]["model"]["properties"]["name"]["enum"]  # enums filled in

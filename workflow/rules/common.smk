@@ -14,7 +14,7 @@ from snakemake.exceptions import WorkflowError
 
 from mcfl.config import ConfigError, name_defaults, read_configs, validate_with_overrides
 from mcfl.data.store import FORMAT as STORE_FORMAT  # a param of the rules that write stores
-from mcfl.plan import Plan
+from mcfl.plan import Plan, dag_jobs
 
 try:
     # The config files are read and merged by mcfl's loader, the one `mcfl check-config A B` uses (an
@@ -66,17 +66,6 @@ wildcard_constraints:
 MLFLOW = {}
 
 
-def dag_jobs():
-    """The jobs Snakemake is about to run, as mcfl.cost.estimate reads them: (rule, wildcards,
-    indices of the jobs among them that each waits for); targets that run nothing (rule all) left out."""
-    todo = [job for job in workflow.dag.needrun_jobs() if not job.is_norun]
-    index = {job: i for i, job in enumerate(todo)}
-    return [
-        (job.rule.name, dict(job.wildcards_dict), tuple(index[d] for d in workflow.dag.dependencies[job] if d in index))
-        for job in todo
-    ]
-
-
 onstart:
     # what the jobs Snakemake is about to run cost on this machine (mcfl.cost: its DAG's training
     # runs, centre files and first local models, packed on the cores in the order they wait for each
@@ -84,7 +73,7 @@ onstart:
     try:
         from mcfl.cost import estimate
 
-        print(estimate(config, dag=dag_jobs()).summary(cores=workflow._cores, detail=False), flush=True)
+        print(estimate(config, dag=dag_jobs(workflow.dag)).summary(cores=workflow._cores, detail=False), flush=True)
     except Exception as e:  # noqa: BLE001 - an estimate never stops the workflow
         print(f"(no cost estimate: {e})")
     if config["tracking"]:

@@ -161,3 +161,13 @@ class Plan:
         if self.config["tracking"] == "deferred":
             out.append(self.res("mlflow_runs.tsv"))
         return out + self.publishing.targets()
+
+
+def dag_jobs(dag) -> list[tuple[str, dict, tuple[int, ...]]]:
+    """The jobs a Snakemake DAG is about to run, as :func:`mcfl.cost.estimate` reads them: (rule,
+    wildcards, indices of the jobs among them that each waits for); targets that run nothing
+    (rule all) left out."""
+    todo = [job for job in dag.needrun_jobs() if not job.is_norun]
+    index = {job: i for i, job in enumerate(todo)}
+    return [(job.rule.name, dict(job.wildcards_dict), tuple(index[d] for d in dag.dependencies[job] if d in index))
+            for job in todo]

@@ -101,8 +101,7 @@ def load_runs(run_dirs: list[Path], train: list[dict] | None = None, need: tuple
             f"history.csv column {k}" for k in ("round", "micro_acc", "test_loss") if k not in m["history"]]
         if lacks:
             raise ValueError(f"{Path(d)}: no {lacks[0]} (the figures read it from a run `mcfl train` wrote)")
-        missing = [k for k in need if k not in (m.get("params") or {})]
-        if missing:
+        if missing := [k for k in need if k not in (m.get("params") or {})]:
             raise ValueError(f"{Path(d) / 'metrics.json'}: a {m.get('method', m['label'])} run has no parameter "
                              f"{missing[0]!r}; this figure compares FedGSP runs ({', '.join(need)})")
         run = {"label": m["label"], "method": m.get("method", m["label"]), "dataset": m.get("dataset", ""),
@@ -331,10 +330,9 @@ def write_table(run_dirs: list[Path], train: list[dict], store, target: float, o
     _csv(per.round(6), out / "runs.csv")
     _csv(t.round(6), out / "table.csv")
     where = machines_section(per, {"runs": "machine"}, lambda r: f"{r['method']} seed {r['seed']}")
-    write_text(out / "table.md", table_markdown(t) + divergence_notes(recs)
-               + "\n**Machines.**\n\n" + "\n".join(where) + "\n")
-    # the same table for Snakemake's report, which shows HTML inline (a CSV only as a download)
-    write_text(out / "table.html", markdown_html((out / "table.md").read_text(), "FedGSP's Table 1"))
+    md = table_markdown(t) + divergence_notes(recs) + "\n**Machines.**\n\n" + "\n".join(where) + "\n"
+    write_text(out / "table.md", md)
+    write_text(out / "table.html", markdown_html(md, "FedGSP's Table 1"))   # inline in Snakemake's report
     curves_figure(recs, out / "curves.png")
     cost_figure(t, out / "cost.png")
     return t
@@ -446,8 +444,7 @@ def _write(a, out: Path) -> str:
     dirs = [Path(d) for d in a.run_dirs]
     if a.what == "heatmap":
         return write_heatmap(dirs, out).to_string(index=False)
-    train = json_flag(a.train, "--train", list, items=dict)
-    cost = cost_model(json_flag(a.cost, "--cost", dict))
+    train, cost = json_flag(a.train, "--train", list, items=dict), cost_model(json_flag(a.cost, "--cost", dict))
     if a.what == "table":
         return table_markdown(write_table(dirs, train, a.store, a.target, out, cost))
     return write_kappa(dirs, train, a.store, out, cost).to_string(index=False)
