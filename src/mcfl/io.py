@@ -344,17 +344,22 @@ OUTPUTS = ("history.csv", "assignments.csv", "predictions.csv", "metrics.json")
 
 
 def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: bool = False,
-             clusters: bool = False) -> dict[str, Any]:
+             clusters: bool = False, need: tuple[str, ...] = ()) -> dict[str, Any]:
     """A finished run directory's ``metrics.json`` (with ``dir``), its ``history.csv`` as a
     DataFrame under ``history`` if asked, and if asked and the run wrote ``predictions.csv``, per
     test image its label ``y``, whether the run got it right ``hit`` and (where the file names it)
     its writer ``client``; with ``clusters``, each client's final cluster (``cluster_of``, from
     ``assignments.csv``; absent for unclustered methods): the one reader of run directories for
-    every report."""
-    from mcfl.inputs import check_regular, present
+    every report. ``need``: the keys the caller reads (``final.micro_acc`` for a key of ``final``);
+    a run without one is a one-line ValueError naming its metrics.json and the key."""
+    from mcfl.inputs import InputError, check_regular, present
 
     d = Path(run_dir)
     m = read_metrics(d / "metrics.json")
+    for key in need:
+        top, _, sub = key.partition(".")
+        if top not in m or (sub and sub not in m[top]):
+            raise InputError(f"{d / 'metrics.json'}: no {key} (a report reads it from a run `mcfl train` wrote)")
     m["dir"] = d
     if history:
         check_regular(d / "history.csv", "run's history.csv")
@@ -400,6 +405,12 @@ def parse_metrics(raw: bytes, path: str | os.PathLike) -> dict[str, Any]:
     for key in NAME_KEYS:
         if key in m:
             plain_name(m[key], f"{path}: {key}")
+    final = m.get("final", {})
+    if not isinstance(final, dict):
+        raise InputError(f"{path}: final is a JSON {type(final).__name__}, not an object of metrics")
+    for key, value in final.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise InputError(f"{path}: final.{key} is {str(value)[:40]!r}, not a number")
     return m
 
 

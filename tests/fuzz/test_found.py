@@ -146,14 +146,13 @@ def _without(m: dict, path: tuple) -> dict:
     return {**m, path[0]: inner} if len(path) == 2 else inner
 
 
-@pytest.mark.xfail(strict=True, reason="reports read metrics.json keys unchecked: a KeyError traceback for a "
-                                       "missing key, 'could not convert string to float' for text")
 @pytest.mark.parametrize("cmd, edit", [
     ("report-protocols", lambda m: {**m, "final": {**m["final"], "micro_acc": "../x"}}),
     ("report-protocols", lambda m: _without(m, ("final", "micro_acc"))),
     ("report-fedcg", lambda m: _without(m, ("label",))),
 ], ids=["protocols-text-accuracy", "protocols-no-accuracy", "fedcg-no-label"])
 def test_reports_name_a_metrics_json_with_a_bad_key(world, cmd, edit):
+    """Found: a KeyError traceback for a missing key, 'could not convert string to float' for text."""
     with sandbox(world) as w:
         path = w / "runs/FedAvg/metrics.json"
         path.write_text(json.dumps(edit(json.loads(path.read_text()))))

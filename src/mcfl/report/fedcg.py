@@ -56,7 +56,7 @@ def load_runs(run_dirs: list[Path]) -> list[dict]:
     when that file has the samples' domains and ``metrics.json`` the unseen ids."""
     runs = []
     for d in map(Path, run_dirs):
-        m = read_run(d)
+        m = read_run(d, need=("label", "seed", "final"))
         if present(d / "predictions.csv", "run's predictions.csv"):
             p = read_run_csv(d / "predictions.csv", ("y", "pred"), usecols=lambda c: c in ("y", "pred", "domain"))
             m["hit"] = (p["y"] == p["pred"]).to_numpy()

@@ -56,7 +56,8 @@ AUTHORS_NOTE = ("*Authors' code*: FeSEM as the authors' recorded command trains 
 
 def load(run_dirs: list[str | Path]) -> list[dict]:
     """Each finished run's metrics.json with its per-test-image hits where predictions.csv exists."""
-    return [read_run(d, predictions=True, clusters=True) for d in run_dirs]
+    need = ("label", "seed", "final", f"final.{METRIC}")
+    return [read_run(d, predictions=True, clusters=True, need=need) for d in run_dirs]
 
 
 def finished(results_dir: str | Path | None) -> list[Path]:
