@@ -300,6 +300,12 @@ def test_dvc_repro_reruns_exactly_what_an_edited_leaf_file_affects(tmp_path, cli
                      "reproduce": {"train": 2, "report": 1, "all": 1}}
     assert jobs(dvc("repro")) == {}                   # nothing changed: Snakemake not even started
 
+    def trained():
+        """Each run folder's metrics.json (by its path's dataset) -> when it was written."""
+        return {m.relative_to(proj).parts: m.stat().st_mtime_ns for m in proj.glob("result*/runs/*/*/*/metrics.json")}
+
+    before = trained()
+    assert {parts[2] for parts in before} == {"mine", "digits"}
     f = sorted((leaf / "test").glob("*.json.gz"))[0]
     doc = json.loads(gzip.decompress(f.read_bytes()))
     user = doc["users"][-1]
@@ -308,4 +314,5 @@ def test_dvc_repro_reruns_exactly_what_an_edited_leaf_file_affects(tmp_path, cli
     out = dvc("repro", "--force")
     assert jobs(out) == {"data": {"prepare": 1, "data_all": 1},
                          "reproduce": {"train": 1, "report": 1, "all": 1}}
-    assert "dataset=mine" in out and "dataset=digits" not in out
+    after = trained()                                 # the edited dataset's run only
+    assert {parts[2] for parts in before if after[parts] != before[parts]} == {"mine"}
