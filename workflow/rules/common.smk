@@ -109,7 +109,7 @@ onsuccess:
     # at exit, after Snakemake's own last line ("Complete log(s): ..."): where the tables are, then
     # the command that opens the runs (the project's mlflow by its path: nothing to activate)
     _tables = [P.res("table.md"), P.res("paper_comparison.md"), P.res("fedcg/tables.md")]
-    _tables += sorted(glob.glob(glob.escape(P.res("fedgsp")) + "/*/table.md"))
+    _tables += sorted(glob.glob(os.path.join(glob.escape(P.res("fedgsp")), "*", "table.md")))
     _tables = [t for t in _tables if os.path.isfile(t)]
     _tail = [f"Tables: {', '.join(_tables)}"] if _tables else []
     if MLFLOW:
