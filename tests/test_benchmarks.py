@@ -62,7 +62,10 @@ def test_benchmarks_hold_speed_and_memory_and_every_study_is_listed_and_starts()
     studies/, each listed in its README, and each still finds the benchmarks' helpers (its --help
     runs: the imports resolve from a checkout)."""
     studies = sorted(p for p in (ROOT / "studies").glob("*.py"))
-    assert {p.stem for p in studies} >= {"fedmmd_penalty", "fedmmd_select", "ida_weights", "projection"}
+    assert {p.stem for p in studies} >= {"fedmmd_penalty", "fedmmd_select", "ida_weights", "projection",
+                                        "digits_cnn_forms", "stacked_conv_forms", "matching_speed",
+                                        "fesem_memory", "icg_speed", "methods_round", "fedgsp_round",
+                                        "eval_round", "precision_accuracy", "gpu_plan"}
     assert not any((ROOT / "benchmarks" / p.name).exists() for p in studies)
     readme = (ROOT / "studies" / "README.md").read_text()
     assert all(f"`{p.name}`" in readme for p in studies)
@@ -83,11 +86,11 @@ def test_benchmarks_hold_speed_and_memory_and_every_study_is_listed_and_starts()
 
 
 def test_gpu_plan_prices_a_run_from_an_archived_run_of_its_label(tmp_path, monkeypatch):
-    """benchmarks/gpu_plan.py by hand: an archived FedAvg GPU run that trained 10 clients x 8 steps
+    """studies/gpu_plan.py by hand: an archived FedAvg GPU run that trained 10 clients x 8 steps
     (synthetic: 80 training samples a client, batch 10) in 1 s a round and scored 2,000 test samples
     in 2 s prices a FedAvg run of 20 clients a round, 30 rounds, evaluated 3 times, at
     30 x 2 s + 3 x 2 s = 66 s."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "studies"))
     import gpu_plan
 
     data = {"source": "synthetic", "clients": 100, "seed": 1}
@@ -122,10 +125,10 @@ def _run(root: Path, label: str, seed: int, y, pred, precision: str = "fp32") ->
 
 
 def test_precision_accuracy_pairs_each_run_with_its_fp32_twin(tmp_path, monkeypatch):
-    """benchmarks/precision_accuracy.py by hand: 4 test images, fp32 right on images 0 and 1, bf16 on
+    """studies/precision_accuracy.py by hand: 4 test images, fp32 right on images 0 and 1, bf16 on
     0, 2 and 3 (seed 0); seed 1 both right on all four. Accuracy 75 and 100 (mean 87.5) against 50
     and 100; Δ +25 and 0; images only bf16 / only fp32: 2 / 1; sign test p = 1.0 (3 discordant)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "studies"))
     import precision_accuracy as pa
 
     y = [1, 2, 3, 4]
@@ -172,7 +175,7 @@ def test_stacked_conv_forms_compute_the_executors_step(monkeypatch):
     digits CNN's step for 5 clients gives the same loss and, up to rounding, the same gradients of
     every client's parameters, in both memory formats; and a client's gradients are its own
     (changing client 0's input leaves client 1's gradients unchanged)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "studies"))
     import torch
     import stacked_conv_forms as scf
 

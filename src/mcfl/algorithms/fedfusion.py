@@ -16,7 +16,7 @@ the model's layers before its ``nn.Flatten`` (the LEAF CNNs' convolution blocks)
 is plain cross-entropy: the global extractor's parameters are frozen (``requires_grad=False``),
 which every executor honours (no step). The fusion network is an ``nn.Sequential`` like the model
 it wraps, so under ``executor: batched`` it trains as FedAvg's model does: its dense head on the
-low-rank path (on the LEAF CNN, one CPU thread: see benchmarks/methods_round.py), the rest
+low-rank path (on the LEAF CNN, one CPU thread: see studies/methods_round.py), the rest
 stacked.
 """
 

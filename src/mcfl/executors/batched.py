@@ -21,7 +21,7 @@ chunk; the 8x8 digits CNN, 92K, trains 3.6x faster stacked) and the sequential l
 (the FEMNIST CNN, 11.5M with hidden 248: 1.3x faster sequential). A call with one such client
 (FedGSP's chain of one group: one client at a time) takes the sequential loop on every device:
 stacking one client adds ``vmap``'s cost and saves nothing (a digits CNN step 1.8x the plain
-module's, ``benchmarks/digits_cnn_forms.py``). Models whose training forward
+module's, ``studies/digits_cnn_forms.py``). Models whose training forward
 writes to their buffers (BatchNorm running statistics: padded rows would enter the batch
 statistics; found by one probe forward) or with random layers (dropout) always train
 sequentially; other float buffers (FedCG's adjacency) are constants of the update, shared by a
@@ -38,7 +38,7 @@ stacked clients) trains like the plain cross-entropy, on the low-rank path where
 Parameters the model marks ``requires_grad=False`` (FedFusion's frozen global extractor; its loss
 is the plain one) get a zero gradient on every path and are never stepped on the low-rank path.
 On the LEAF CNN (real writers, 16 a round, batch 5, one CPU thread) that made FedMMD's round 2.2x
-and FedFusion's 1.7x faster than one client at a time (``benchmarks/methods_round.py --batch 5``;
+and FedFusion's 1.7x faster than one client at a time (``studies/methods_round.py --batch 5``;
 docs/performance.md). A custom loss may return diagnostics with its loss; both stacked and
 sequential paths sum them over each client's steps (``LocalResult.aux``).
 """

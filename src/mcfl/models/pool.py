@@ -13,7 +13,7 @@ its first maximum; only the memory order of the planes differs. Under ``vmap`` t
 dimension is folded into the channels (pooling is per plane), a view of the stacked convolution's
 output, not a copy. The backward pass is PyTorch's own, in the usual layout. On a GPU, and for
 small inputs, it is ``F.max_pool2d`` itself. ``tests/test_pool.py`` checks the equality with tied
-maxima, plain and under ``vmap``; ``benchmarks/digits_cnn_forms.py`` times it.
+maxima, plain and under ``vmap``; ``studies/digits_cnn_forms.py`` times it.
 """
 
 from __future__ import annotations

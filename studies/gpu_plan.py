@@ -16,20 +16,22 @@ archived GPU run takes a least-squares fit over all of them (``a + b x client st
 at a time, the runs' own (batched) executor; start-up, data preparation, centre initialisation and
 reports are left out.
 
-    python benchmarks/gpu_plan.py                                     # the archived runs and studies
-    python benchmarks/gpu_plan.py --md docs/results/gpu-plan.md       # also as the Performance page's table
-    python benchmarks/gpu_plan.py --runs RESULTS_DIR --study paper-femnist=config/paper-femnist.yaml
+    python studies/gpu_plan.py                                     # the archived runs and studies
+    python studies/gpu_plan.py --md docs/results/gpu-plan.md       # also as the Performance page's table
+    python studies/gpu_plan.py --runs RESULTS_DIR --study paper-femnist=config/paper-femnist.yaml
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from _common import ROOT
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import ROOT  # noqa: E402
 
 from mcfl import cost, workload
 from mcfl.config import load_config, expand_runs
@@ -137,7 +139,7 @@ def main(argv=None) -> int:
         print(f"{name:<46} {n:>5} {fitted:>10} {cost.duration(s):>18}")
         md.append(f"| {name} | {' + '.join(f'`{p}`' for p in paths)} | {n} | {fitted} | {cost.duration(s)} |")
     if args.md:
-        md.append(f"\n*Written by `benchmarks/gpu_plan.py --md` from {len(runs)} archived GPU runs "
+        md.append(f"\n*Written by `studies/gpu_plan.py --md` from {len(runs)} archived GPU runs "
                   f"({', '.join(gpus)}): each run priced from an archived run of its label, scaled by "
                   f"its local work and test samples; labels without one by the fit, whose median "
                   f"error over the archived runs is {np.median(err):.0%}.*")

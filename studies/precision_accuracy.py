@@ -7,19 +7,21 @@ fp32, the test images only one of the two classifies correctly (summed over seed
 two-sided sign test on them. Reads run directories (a results directory's ``runs/`` or its
 archived copy); the fp32 runs are the base config's. Speed is ``femnist_round.py --precision``'s.
 
-    python benchmarks/precision_accuracy.py                        # the archived femnist-sample runs
-    python benchmarks/precision_accuracy.py --md docs/results/precision-accuracy.md
-    python benchmarks/precision_accuracy.py --fp32 results-femnist-sample --other results-femnist-sample-bf16
+    python studies/precision_accuracy.py                        # the archived femnist-sample runs
+    python studies/precision_accuracy.py --md docs/results/precision-accuracy.md
+    python studies/precision_accuracy.py --fp32 results-femnist-sample --other results-femnist-sample-bf16
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from _common import ROOT
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import ROOT  # noqa: E402
 
 ARCHIVE = ROOT / "docs" / "results" / "archived-runs"
 
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
         args.md.write_text("Final micro accuracy in percent over the seeds; Δ paired by seed against the same "
                            "run in fp32 (same machine, same client stream); the sign test counts the test "
                            "images only one of the two classifies correctly (summed over seeds; exact "
-                           "two-sided binomial). Written by `benchmarks/precision_accuracy.py`.\n\n" + text)
+                           "two-sided binomial). Written by `studies/precision_accuracy.py`.\n\n" + text)
     return 0
 
 

@@ -8,8 +8,8 @@ Each m runs in a fresh child process, so its peak resident set size (ru_maxrss) 
 baseline is the same process's peak after building the federation (Python, torch, the model, the
 data), before the initialisation.
 
-    python benchmarks/fesem_memory.py                          # m = 100, 1000, 3550; K = 4
-    python benchmarks/fesem_memory.py --clients 3550 --rounds 2
+    python studies/fesem_memory.py                          # m = 100, 1000, 3550; K = 4
+    python studies/fesem_memory.py --clients 3550 --rounds 2
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import fake_store, machine, peak_rss_mb
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import fake_store, machine, peak_rss_mb  # noqa: E402
 
 
 def child(args) -> dict:

@@ -25,9 +25,9 @@ now and then, which of two nearly equal values a max pooling picks (that moves o
 to a neighbour, which is why a norm and not the largest entry is shown). Run it on the
 GPU the round benchmark ran on, with the round's chunk:
 
-    python benchmarks/stacked_conv_forms.py --device cuda --clients 214
-    python benchmarks/stacked_conv_forms.py --device cuda --clients 214 --model femnist_cnn --hidden 248
-    python benchmarks/stacked_conv_forms.py --clients 8 --reps 5          # a quick check on a CPU
+    python studies/stacked_conv_forms.py --device cuda --clients 214
+    python studies/stacked_conv_forms.py --device cuda --clients 214 --model femnist_cnn --hidden 248
+    python studies/stacked_conv_forms.py --clients 8 --reps 5          # a quick check on a CPU
 
 On a CPU ``grouped`` is the "hand-written stacked forward" of docs/performance.md's digits CNN
 table (``--model digits_cnn --clients 100``).
@@ -37,14 +37,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from _common import SHAPES, machine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import SHAPES, machine  # noqa: E402
 from mcfl.models import digits_cnn, femnist_cnn
 from mcfl.runner import keep_freed_memory
 

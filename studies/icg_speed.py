@@ -10,7 +10,7 @@ The baseline, measured in the same run: one exact balanced assignment step by Sc
 method (``linear_sum_assignment`` on the K x K matrix of repeated cluster columns) against one
 min-cost-flow step on the same costs.
 
-    PYTHONPATH=src python benchmarks/icg_speed.py [--repeat 5]
+    PYTHONPATH=src python studies/icg_speed.py [--repeat 5]
 """
 
 from __future__ import annotations

@@ -34,11 +34,11 @@ share out), and the multiply-adds it does per second against the LEAF FEMNIST CN
 a training step as three forward passes (forward, input gradient, weight gradient), and that LEAF
 step with PyTorch's pooling against the zoo's.
 
-    python benchmarks/digits_cnn_forms.py
-    python benchmarks/digits_cnn_forms.py --reps 40 --clients 100
-    python benchmarks/digits_cnn_forms.py --scaling
-    python benchmarks/digits_cnn_forms.py --heap
-    python benchmarks/digits_cnn_forms.py --reps 80 --scaling --heap --md docs/results/digits-cnn-forms.md
+    python studies/digits_cnn_forms.py
+    python studies/digits_cnn_forms.py --reps 40 --clients 100
+    python studies/digits_cnn_forms.py --scaling
+    python studies/digits_cnn_forms.py --heap
+    python studies/digits_cnn_forms.py --reps 80 --scaling --heap --md docs/results/digits-cnn-forms.md
 
 Every form is timed with freed memory kept in the process, as training jobs run
 (``mcfl.runner.keep_freed_memory``). ``--heap`` shows what that does: the zoo's stacked step in two
@@ -62,7 +62,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from _common import machine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import machine  # noqa: E402
 from mcfl.executors.stack import forward_macs
 from mcfl.models import digits_cnn, femnist_cnn
 from mcfl.runner import keep_freed_memory
@@ -143,7 +144,7 @@ def main() -> None:
         out = io.StringIO()
         with contextlib.redirect_stdout(_Tee(sys.stdout, out)):
             forms(args)
-        cmd = " ".join(["python benchmarks/digits_cnn_forms.py", *sys.argv[1:]]).replace(f" --md {args.md}", "")
+        cmd = " ".join(["python studies/digits_cnn_forms.py", *sys.argv[1:]]).replace(f" --md {args.md}", "")
         args.md.write_text(f"Output of `{cmd}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}:\n\n"
                            f"```text\n{out.getvalue().strip()}\n```\n")
     else:

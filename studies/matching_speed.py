@@ -8,19 +8,22 @@ the matching never chose anything but the identity in 250 rounds. The shortcut s
 method and the cost matrix's copy to the host; the squared distances themselves (a float64
 product of every unit pair) are computed either way, and on a CPU they are most of the time.
 
-    python benchmarks/matching_speed.py                     # 10 members, hidden 2048, CPU
-    python benchmarks/matching_speed.py --device cuda --members 10 --repeats 3
+    python studies/matching_speed.py                     # 10 members, hidden 2048, CPU
+    python studies/matching_speed.py --device cuda --members 10 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from _common import machine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import machine  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -7,18 +7,21 @@ The models are the runs' initial ones trained for ``--rounds`` rounds (the cost 
 does not depend on how far training went); the two ways alternate ``--repeats`` times so that load
 on a shared machine hits both alike, and the scores of both are checked to be equal.
 
-    python benchmarks/eval_round.py --methods FedAvg,NoFed,FeSEM-K3
+    python studies/eval_round.py --methods FedAvg,NoFed,FeSEM-K3
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from _common import ROOT, machine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import ROOT, machine  # noqa: E402
 
 
 def one_round(algo, state, fed, protos, rnd: int, shared: bool) -> tuple[float, dict]:

@@ -14,8 +14,8 @@ local SGD and gradients) and the rest (the server's work, and client-side infere
 training such as HypoCluster's choice of hypothesis). The last is the largest difference between
 the two executors' final states (models, centres, server moments): float rounding only.
 
-    python benchmarks/methods_round.py --leaf LEAF_DIR     # LEAF's train/ and test/ JSON
-    python benchmarks/methods_round.py --store /tmp/femnist-store --methods FedAvg,FeSEM-K3 --rounds 3
+    python studies/methods_round.py --leaf LEAF_DIR     # LEAF's train/ and test/ JSON
+    python studies/methods_round.py --store /tmp/femnist-store --methods FedAvg,FeSEM-K3 --rounds 3
 
 ``--device cuda`` times the GPU; ``--fallback stacked`` forces the batched executor's stacked path
 where the device would pick another (on a CPU, the LEAF CNN trains custom losses one client at a
@@ -28,13 +28,15 @@ import argparse
 import gzip
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from _common import ROOT, machine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import ROOT, machine  # noqa: E402
 
 CONFIGS = ("paper-femnist.yaml", "paper-fedgsp-femnist.yaml")
 

@@ -10,18 +10,21 @@ r is timed from the same start model under both executors, interleaved (sequenti
 sequential, ...), and the figure is the median of ``--repeats``; the last column is the largest
 difference between the two executors' new global models (float rounding only).
 
-    python benchmarks/fedgsp_round.py --rounds 1,10,100,500 --methods FedGSP,NaiveGSP
+    python studies/fedgsp_round.py --rounds 1,10,100,500 --methods FedGSP,NaiveGSP
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from _common import add_config_args, config_runs, machine, pick_run
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
+from _common import add_config_args, config_runs, machine, pick_run  # noqa: E402
 
 
 def main(argv=None) -> int:
