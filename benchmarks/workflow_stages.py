@@ -11,8 +11,8 @@ The newest Snakemake log that reports an elapsed time gives the whole DAG's wall
     python benchmarks/workflow_stages.py                  # results/ and .snakemake/log of this checkout
     python benchmarks/workflow_stages.py --results /path/to/results --logs /path/to/.snakemake/log
     python benchmarks/workflow_stages.py --md docs/results/default-stages.md   # also as a page table
-    python benchmarks/workflow_stages.py --results docs/results/archived-runs/results-femnist-sample \
-        --logs docs/results/archived-runs/results-femnist-sample --md docs/results/femnist-sample-gpu-stages.md
+    python benchmarks/workflow_stages.py --results archived-runs/results-femnist-sample \
+        --logs archived-runs/results-femnist-sample --md docs/results/femnist-sample-gpu-stages.md
 
 ``--replay N`` replays the jobs' measured times on N slots (list scheduling, dependencies ignored)
 longest first and in 200 random orders: how much ordering the jobs could save on N cores or GPU
@@ -21,8 +21,8 @@ their dependencies (a run after its centre file) in the order the workflow start
 ``priority:`` first (``mcfl.plan.train``: each run's work from its config, centre files above the
 runs waiting for them; ties in random order), against random orders.
 
-    python benchmarks/workflow_stages.py --results docs/results/archived-runs/results-femnist-sample \
-        --logs docs/results/archived-runs/results-femnist-sample --replay 14 --config config/femnist-sample.yaml
+    python benchmarks/workflow_stages.py --results archived-runs/results-femnist-sample \
+        --logs archived-runs/results-femnist-sample --replay 14 --config config/femnist-sample.yaml
 
 ``--md`` writes the stage table and the training jobs summed per dataset as Markdown, with the
 machine and commit of the ``make reproduce`` that made them (``logs/reproduce.json``);
@@ -66,7 +66,7 @@ def dag_wall(logs: Path) -> tuple[float, str] | None:
 
 def runs_dir(res: Path) -> Path:
     """A results directory's ``runs/``, or the directory itself for an archived copy of one
-    (``docs/results/archived-runs/<results>/``, which keeps the runs without ``runs/``)."""
+    (``archived-runs/<results>/``, which keeps the runs without ``runs/``)."""
     return res / "runs" if (res / "runs").is_dir() else res
 
 

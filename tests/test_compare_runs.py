@@ -1,4 +1,4 @@
-"""docs/tools/compare_runs.py: a run's summary (rounds to the target, lowest test loss, summed
+"""tools/compare_runs.py: a run's summary (rounds to the target, lowest test loss, summed
 time columns) and a pair's discordant test images with their sign test, on runs written here."""
 
 import importlib.util
@@ -11,7 +11,7 @@ from conftest import ROOT
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("compare_runs", ROOT / "docs" / "tools" / "compare_runs.py")
+    spec = importlib.util.spec_from_file_location("compare_runs", ROOT / "tools" / "compare_runs.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -218,7 +218,7 @@ def test_chain_stability_rows_by_hand(tmp_path):
 
     from conftest import ROOT
 
-    spec = importlib.util.spec_from_file_location("chain", ROOT / "docs" / "tools" / "chain_stability.py")
+    spec = importlib.util.spec_from_file_location("chain", ROOT / "tools" / "chain_stability.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     d = tmp_path / "run"

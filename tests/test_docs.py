@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ROOT / "docs" / "tools"
+TOOLS = ROOT / "docs" / "tools"          # the site's build helpers
+RUN_TOOLS = ROOT / "tools"                # tools over run folders (archive, compare)
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+def _load(name, folder=TOOLS):
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -161,9 +162,9 @@ def test_every_results_file_is_on_a_page():
 
 
 def test_archive_runs_keeps_the_small_outputs_of_finished_runs_only(tmp_path):
-    """docs/tools/archive_runs.py: metrics, history, predictions and assignments of every run with a
+    """tools/archive_runs.py: metrics, history, predictions and assignments of every run with a
     metrics.json, under <dest>/<results dir>/<dataset>/<run>/seed<s>/; no state.pt, no unfinished run."""
-    archive = _load("archive_runs").archive
+    archive = _load("archive_runs", RUN_TOOLS).archive
     res = tmp_path / "results-study"
     done, running = res / "runs" / "femnist_sample" / "FeSEM-K3" / "seed0", res / "runs" / "femnist_sample" / "FedAvg" / "seed1"
     for d in (done, running):
@@ -184,7 +185,7 @@ def test_restore_puts_archived_runs_back_without_overwriting_a_run_already_there
     """archive_runs.py --restore: archived runs go back to <results>/runs/<dataset>/<run>/seed<s>/;
     a run directory already in the results directory (a newer or running one) is not touched; a run
     half-copied by an interrupted restore is replaced, and none is left behind."""
-    restore = _load("archive_runs").restore
+    restore = _load("archive_runs", RUN_TOOLS).restore
     kept = tmp_path / "kept" / "results-study"
     for run in ("FedAvg", "FedAdam"):
         d = kept / "femnist_sample" / run / "seed0"
@@ -213,8 +214,9 @@ PROCESS_WORDS = re.compile(
     rf"\b{_S}s?\b|\b{_B}\b|\b{_L} (GPU|machine)|{_D}[ -]calls?\b|{_D}[ -]minutes?|{_D} budget"
     rf"|\b{_I}s?[ -]?\d+|\bpapers? 0\d\d\b|reference notes|\.\./shared|\bshared/(data|reference)\b",
     re.IGNORECASE)
-WORD_DIRS = ("src", "docs", "config", "tests", "benchmarks", "studies", "workflow", "profiles")
-WORD_FILES = ("README.md", "Makefile", "Snakefile", "mkdocs.yml", "pyproject.toml")
+WORD_DIRS = ("src", "docs", "config", "tests", "benchmarks", "studies", "tools", "workflow", "profiles")
+WORD_FILES = ("README.md", "CHANGELOG.md", "archived-runs/README.md", "Makefile", "Snakefile", "mkdocs.yml",
+              "pyproject.toml")
 
 
 def _shipped_text_files():
@@ -270,7 +272,7 @@ def test_pending_names_the_runs_neither_archived_nor_finished_here(tmp_path, mon
     name and those finished in it, as metrics.json targets in config order; none left: exit 1."""
     import yaml
 
-    tool = _load("archive_runs")
+    tool = _load("archive_runs", RUN_TOOLS)
     cfg = {"experiment": "t", "seeds": [0, 1], "results": "results-pending-study", "data_dir": str(tmp_path / "data"),
            "datasets": {"digits": {"prepare": {"source": "digits", "clients": 10, "seed": 0},
                                    "model": {"name": "digits_cnn"}, "train": {"rounds": 2}}},
@@ -278,7 +280,7 @@ def test_pending_names_the_runs_neither_archived_nor_finished_here(tmp_path, mon
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     monkeypatch.setattr(tool, "ROOT", tmp_path)
     monkeypatch.chdir(tmp_path)
-    kept = tmp_path / "docs" / "results" / "archived-runs" / "results-pending-study" / "digits" / "FedAvg" / "seed1"
+    kept = tmp_path / "archived-runs" / "results-pending-study" / "digits" / "FedAvg" / "seed1"
     kept.mkdir(parents=True)
     (kept / "metrics.json").write_text("{}")
     here = tmp_path / "results-pending-study" / "runs" / "digits" / "FeSEM-K2" / "seed0"

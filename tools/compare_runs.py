@@ -4,11 +4,11 @@ micro accuracy, its final and lowest test loss, its seconds of training and eval
 time columns, summed over resumed segments) and its machine; for a pair, the test images only the first and
 only the second gets right and the exact two-sided sign test of those counts.
 
-    python docs/tools/compare_runs.py results-femnist-sample-fedgsp FedYogi/1 FedYogi/1:FedAvg/1
+    python tools/compare_runs.py results-femnist-sample-fedgsp FedYogi/1 FedYogi/1:FedAvg/1
 
 A run is ``RUN/SEED`` (``RUN:SEED`` is a pair's separator, so ``A/1:B/1`` compares A seed 1 with B
 seed 1). It is read from ``RESULTS/runs/DATASET/RUN/seedSEED`` or, when not there, from its archive
-``docs/results/archived-runs/RESULTS/DATASET/...`` (docs/tools/archive_runs.py).
+``archived-runs/RESULTS/DATASET/...`` (tools/archive_runs.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from mcfl.metrics import paired_counts, sign_test_p  # noqa: E402
@@ -34,12 +34,12 @@ def run_dir(results: Path, dataset: str, spec: str) -> Path:
     run, _, seed = spec.rpartition("/")
     if not run or not seed.isdigit():
         raise SystemExit(f"{spec!r}: expected RUN/SEED, for example FedAvg/0")
-    for base in (results / "runs", ROOT / "docs" / "results" / "archived-runs" / results.name):
+    for base in (results / "runs", ROOT / "archived-runs" / results.name):
         d = base / dataset / run / f"seed{seed}"
         if (d / "metrics.json").exists():
             return d
     raise SystemExit(f"{spec}: no finished run (metrics.json) under {results / 'runs' / dataset} "
-                     f"or its archive in docs/results/archived-runs/{results.name}")
+                     f"or its archive in archived-runs/{results.name}")
 
 
 def summary(d: Path, target: float) -> str:

@@ -1,20 +1,21 @@
 """Keep a study's finished runs in git: copy each run's small outputs (metrics.json, history.csv,
 predictions.csv, assignments.csv; not state.pt, 76 MB for three FEMNIST CNNs) from a results
-directory to ``docs/results/archived-runs/<results dir>/<dataset>/<run>/seed<s>/``.
+directory to ``archived-runs/<results dir>/<dataset>/<run>/seed<s>/`` (the top-level folder whose
+README lists each study's config and published tables).
 
 Results directories stay out of git, so a long study's finished runs would otherwise live only on
 the machine that made them. The archived runs are what the reports read:
 ``mcfl report-protocols --out OUT RUN_DIR ...`` and ``mcfl report-writers`` take run directories,
 so paired comparisons with archived runs need no retraining.
 
-    python docs/tools/archive_runs.py results-femnist-sample [results-femnist-sample-h248 ...]
+    python tools/archive_runs.py results-femnist-sample [results-femnist-sample-h248 ...]
 
 On a new machine, ``--restore`` copies a study's archived runs back into its results directory
 (runs already there are left alone), so its reports can be remade by the DAG without retraining:
 restored runs have no state.pt, so let Snakemake use only the report rules, which then take the
 restored metrics.json files as given, e.g.
 
-    python docs/tools/archive_runs.py --restore results-femnist-sample-fedgsp
+    python tools/archive_runs.py --restore results-femnist-sample-fedgsp
     snakemake results-femnist-sample-fedgsp/docs/results/femnist-sample-fedgsp.md --cores 1 \
         --configfile config/femnist-sample.yaml config/femnist-sample/fedgsp.yaml --allowed-rules prepare fedgsp_cpd fedgsp_table fedgsp_publish
     make docs-results        # the page and its figures into docs/
@@ -26,7 +27,7 @@ longest first). Without targets Snakemake would train the archived runs again (t
 state.pt), hence the guard:
 
     c="config/femnist-sample.yaml config/femnist-sample/authors.yaml"
-    t=$(.venv/bin/python docs/tools/archive_runs.py --pending $c) && \
+    t=$(.venv/bin/python tools/archive_runs.py --pending $c) && \
         .venv/bin/snakemake $t --cores 2 --rerun-incomplete --configfile $c
 """
 
@@ -36,7 +37,8 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = "archived-runs"   # the top-level folder of archived runs, under ROOT
 FILES = ("metrics.json", "history.csv", "predictions.csv", "assignments.csv")
 
 
@@ -55,7 +57,7 @@ def archive(results: Path, dest: Path) -> list[Path]:
 
 
 def restore(kept: Path, results: Path) -> list[Path]:
-    """Copy the archived runs under ``kept`` (``docs/results/archived-runs/<results dir>``) back into
+    """Copy the archived runs under ``kept`` (``archived-runs/<results dir>``) back into
     ``results/runs/``; a run directory that already exists there is skipped, never overwritten.
     Each run is copied beside its place and renamed into it, so an interrupted restore leaves no
     half-copied run that a later restore would skip."""
@@ -74,12 +76,12 @@ def restore(kept: Path, results: Path) -> list[Path]:
 
 def pending(configs: list[str]) -> list[str]:
     """The ``metrics.json`` targets of the config's runs that neither its results directory nor the
-    archive (``docs/results/archived-runs/<results dir>/``) holds finished, in config order."""
+    archive (``archived-runs/<results dir>/``) holds finished, in config order."""
     from mcfl.config import read_configs, validate
     from mcfl.plan import Plan
 
     plan = Plan(validate(read_configs(configs)))
-    kept = ROOT / "docs" / "results" / "archived-runs" / Path(plan.results).name
+    kept = ROOT / ARCHIVE / Path(plan.results).name
     out = []
     for run in plan.configured.values():
         d = Path(plan.dir_of(run))
@@ -103,7 +105,7 @@ def main(argv: list[str]) -> int:
     if argv[0] == "--restore":
         for d in argv[1:]:
             results = Path(d)
-            kept = ROOT / "docs" / "results" / "archived-runs" / results.name
+            kept = ROOT / ARCHIVE / results.name
             if not kept.is_dir():
                 print(f"{kept}: no archived runs for {results.name}", file=sys.stderr)
                 return 1
@@ -115,7 +117,7 @@ def main(argv: list[str]) -> int:
         if not (results / "runs").is_dir():
             print(f"{results}: no runs/ folder (not a results directory)", file=sys.stderr)
             return 1
-        for out in archive(results, ROOT / "docs" / "results" / "archived-runs"):
+        for out in archive(results, ROOT / ARCHIVE):
             print(out.relative_to(ROOT))
     return 0
 
