@@ -223,7 +223,7 @@ def _shipped_text_files():
     for d in WORD_DIRS:
         for path in sorted((ROOT / d).rglob("*")):
             if path.suffix in {".md", ".py", ".yaml", ".yml", ".sh", ".smk", ".csv", ".txt"} \
-                    and "results/archived-runs" not in path.as_posix() and path != Path(__file__).resolve():
+                    and path != Path(__file__).resolve():
                 yield path
     yield from (ROOT / f for f in WORD_FILES if (ROOT / f).is_file())
 
