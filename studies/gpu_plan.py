@@ -105,7 +105,7 @@ def price(paths: list[str], model: dict, by_label: dict[str, list[dict]]) -> tup
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=Path, default=ROOT / "docs" / "results" / "archived-runs")
+    ap.add_argument("--runs", type=Path, default=ROOT / "archived-runs")
     ap.add_argument("--study", action="append", default=[], metavar="NAME=A.yaml[,B.yaml]",
                     help="price this config (base, then overlays) instead of the default studies")
     ap.add_argument("--md", type=Path, help="also write the study table as Markdown to this file")

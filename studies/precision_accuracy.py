@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
 from _common import ROOT  # noqa: E402
 
-ARCHIVE = ROOT / "docs" / "results" / "archived-runs"
+ARCHIVE = ROOT / "archived-runs"
 
 
 def runs(results: Path) -> dict[tuple[str, str, int], dict]:
