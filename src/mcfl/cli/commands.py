@@ -10,6 +10,7 @@ import os
 import textwrap
 from pathlib import Path
 
+from mcfl import replication_cli
 from mcfl.cli.parser import _first_sentence, _plain, available_cores
 from mcfl.data.leaf import cli as leaf_cli
 
@@ -393,4 +394,5 @@ COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods
             "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
             "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,
             "report-fedcg": _cmd_report_fedcg, "report-protocols": _cmd_report_protocols,
-            "report-writers": _cmd_report_writers, "publish": _cmd_publish, "track": _cmd_track, **leaf_cli.COMMANDS}
+            "report-writers": _cmd_report_writers, "publish": _cmd_publish, "track": _cmd_track, **leaf_cli.COMMANDS,
+            **replication_cli.COMMANDS}

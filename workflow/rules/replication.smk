@@ -1,0 +1,31 @@
+# Does each paired comparison replicate on other draws of the clients? The config's `replication`
+# section (mcfl.replication) made each draw a dataset, so the train rules train its runs; this rule
+# compares every chosen method with the reference on every draw and protocol (mcfl.replication_report).
+# Nothing is added without `replication`.
+
+from mcfl.replication import ReplicationPlan
+
+REPLICATION = ReplicationPlan(P)
+EXTRA_TARGETS.extend(REPLICATION.targets())
+
+if REPLICATION:
+
+    rule replication:
+        input:
+            metrics=REPLICATION.run_outputs("metrics.json"),
+            predictions=REPLICATION.run_outputs("predictions.csv"),
+        output:
+            markdown=REPLICATION.out() + ".md",
+            csv=REPLICATION.out() + ".csv",
+            figure=report(REPLICATION.out() + ".png", category="Figures"),
+        log:
+            P.logs("replication.log"),
+        params:
+            runs=P.run_dirs(REPLICATION.runs()),
+            out=lambda w: REPLICATION.out(),
+            reference=REPLICATION.section["reference"],
+            draws=REPLICATION.draw_order(),
+            protocols=REPLICATION.section["protocols"],
+        shell:
+            "mcfl report-replication --out {params.out:q} --reference {params.reference:q} "
+            "--draws {params.draws:q} --protocols {params.protocols:q} --runs {params.runs:q} > {log:q} 2>&1"
