@@ -176,3 +176,18 @@ class ReplicationPlan:
 
     def draw_order(self) -> list[str]:
         return [self.section["original"], *self.section["draws"]]
+
+
+def cost_line(cfg: dict, runs: list, duration: Callable[[float], str]) -> str:
+    """What `mcfl check-config` says of a replication's cost: the runs on the draws beyond the
+    original and their estimated training (``runs``: the estimate's per-run costs, with ``dataset``
+    and ``total_s``; ``duration``: how to write seconds); "" without the section."""
+    rep = cfg.get("replication")
+    if rep is None:
+        return ""
+    others = [draw_dataset(rep["dataset"], d) for d in rep["draws"]]
+    mine = [r for r in runs if r.dataset in others]
+    total = sum(r.total_s for r in runs)
+    return (f"replication: {len(others)} draw{'s' if len(others) > 1 else ''} beside {rep['original']!r} "
+            f"({', '.join(rep['draws'])}): {len(mine)} more training runs, "
+            f"{duration(sum(r.total_s for r in mine))} of the {duration(total)} above")
