@@ -121,3 +121,31 @@ def test_table_contradicted_when_two_draws_disagree():
     assert (t["verdict"] == "contradicted").all()
     assert t["p_one_sided"].iloc[1] == pytest.approx(1.0)     # in the first draw's direction
     assert t["combined_p"].iloc[0] == pytest.approx(stouffer([0.5 ** 40, 1.0]))
+
+
+# -- the check before any training ---------------------------------------------------------------------
+def test_check_draws_records_each_draws_clients(digits_store, tmp_path):
+    from mcfl.data.store import load
+    from mcfl.replication_report import check_draws
+
+    n = load(digits_store).n_clients
+    out = tmp_path / "checked.json"
+    assert check_draws({"original": str(digits_store), "s1": str(digits_store)}, n, out) == {"original": n, "s1": n}
+    assert out.exists()
+
+
+def test_a_draw_with_too_few_clients_or_a_broken_store_stops_with_one_line(digits_store, tmp_path):
+    import shutil
+
+    from mcfl.replication_report import check_draws
+
+    out = tmp_path / "checked.json"
+    with pytest.raises(ValueError, match=r"^replication: draw 's1': .* clients, fewer than the 1000 its runs sample"):
+        check_draws({"s1": str(digits_store)}, 1000, out)
+    broken = tmp_path / "broken"
+    shutil.copytree(digits_store, broken)
+    f = broken / "y_train.npy"
+    f.write_bytes(f.read_bytes()[:-8] + b"\1" * 8)             # same size, other labels
+    with pytest.raises(ValueError, match=r"^replication: draw 'b': .*sha256 differs") as e:
+        check_draws({"b": str(broken)}, 0, out)
+    assert "\n" not in str(e.value) and not out.exists()

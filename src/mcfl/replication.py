@@ -177,6 +177,25 @@ class ReplicationPlan:
     def draw_order(self) -> list[str]:
         return [self.section["original"], *self.section["draws"]]
 
+    # -- the check before any training (rule replication_check) -----------------------------------
+    def check_file(self) -> str:
+        return self.plan.res("replication/draws-checked.json")
+
+    def stores(self) -> list[str]:
+        """``DRAW=STORE`` of every draw, the original first."""
+        return [f"{d}={self.plan.store(ds)}" for d, ds in zip(self.draw_order(), self.datasets())]
+
+    def store_files(self) -> list[str]:
+        return [self.plan.store(ds) for ds in self.datasets()]
+
+    def sampled(self) -> int:
+        """The most clients a round of the draws' runs samples (0: every round trains all)."""
+        return max((r["train"].get("clients_per_round") or 0 for r in self.runs()), default=0)
+
+    def gate(self) -> dict[str, str]:
+        """The extra input of every training job: the check's file (none without the section)."""
+        return {"replication_check": self.check_file()} if self else {}
+
 
 def cost_line(cfg: dict, runs: list, duration: Callable[[float], str]) -> str:
     """What `mcfl check-config` says of a replication's cost: the runs on the draws beyond the

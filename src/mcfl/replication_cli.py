@@ -1,5 +1,6 @@
 """The replication subcommand of ``mcfl`` (added to its parser by :mod:`mcfl.cli`)::
 
+    mcfl check-draws --out CHECKED.json --sampled N DRAW=STORE...
     mcfl report-replication --out OUT --reference FedAvg --draws original s1 [--protocols standard v1] RUN...
 """
 
@@ -18,6 +19,24 @@ def add_parsers(sub) -> None:
     p.add_argument("--runs", nargs="+", required=True, help="run directories (metrics.json, predictions.csv)")
 
 
+    p = sub.add_parser("check-draws", help="verify every draw's store and that it has the clients a round "
+                                           "samples, before any training")
+    p.add_argument("--out", required=True, help="JSON file written when every draw passes")
+    p.add_argument("--sampled", type=int, default=0, help="clients a round samples (0: all)")
+    p.add_argument("stores", nargs="+", help="DRAW=STORE, the original first")
+
+
+def _cmd_check_draws(a) -> int:
+    from mcfl.replication_report import check_draws
+
+    pairs = [s.partition("=") for s in a.stores]
+    bad = next((s for s, eq, _ in pairs if not eq), None)
+    if bad is not None:
+        raise ValueError(f"check-draws: {bad!r} is not DRAW=STORE")
+    check_draws({d: store for d, _, store in pairs}, a.sampled, a.out)
+    return 0
+
+
 def _cmd_report_replication(a) -> int:
     from mcfl.replication_report import write
 
@@ -25,4 +44,4 @@ def _cmd_report_replication(a) -> int:
     return 0
 
 
-COMMANDS = {"report-replication": _cmd_report_replication}
+COMMANDS = {"report-replication": _cmd_report_replication, "check-draws": _cmd_check_draws}

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mcfl.io import atomic_path, staged, write_text
+from mcfl.data.store import verify_store
+from mcfl.io import atomic_path, staged, write_json, write_text
 from mcfl.metrics import sign_test_p
 from mcfl.report.format import markdown_table, mean_std
 from mcfl.report.protocols import METRIC, load, paired
@@ -186,3 +187,22 @@ def write(run_dirs: list[str | Path], out: str | Path, *, reference: str, protoc
                    to_markdown(t, reference, draws, title or "Does it replicate on other draws of the clients?"))
         figure(t, draws, stage / out.with_suffix(".png").name)
     return t
+
+
+def check_draws(stores: dict[str, str], sampled: int, out: str | Path) -> dict[str, int]:
+    """Before any training: every draw's store (``stores``: draw -> store) passes full verification
+    (:func:`mcfl.data.store.verify_store`: metadata and every file's hash) and has at least the
+    ``sampled`` clients a round of its runs samples (0: all of them); ``out`` records each draw's
+    clients. A draw that fails is one ValueError naming it, and ``out`` is not written."""
+    clients = {}
+    for draw, store in stores.items():
+        try:
+            meta = verify_store(store, full=True)
+        except ValueError as e:
+            raise ValueError(f"replication: draw {draw!r}: {e}") from None
+        clients[draw] = len(meta["client_ids"])
+        if clients[draw] < sampled:
+            raise ValueError(f"replication: draw {draw!r}: {store} has {clients[draw]} clients, fewer than the "
+                             f"{sampled} its runs sample each round (train.clients_per_round)")
+    write_json(Path(out), {"clients": clients, "sampled": sampled})
+    return clients

@@ -1,14 +1,31 @@
 # Does each paired comparison replicate on other draws of the clients? The config's `replication`
 # section (mcfl.replication) made each draw a dataset, so the train rules train its runs; this rule
 # compares every chosen method with the reference on every draw and protocol (mcfl.replication_report).
-# Nothing is added without `replication`.
+# Nothing is added without `replication`. Every training job waits for the draws' check.
 
 from mcfl.replication import ReplicationPlan
 
 REPLICATION = ReplicationPlan(P)
 EXTRA_TARGETS.extend(REPLICATION.targets())
+P.gates.update(REPLICATION.gate())  # every training job waits for replication_check
 
 if REPLICATION:
+
+    # Before any training: every draw's store verified in full, with the clients a round samples;
+    # a draw that fails stops the workflow with one line.
+    rule replication_check:
+        input:
+            REPLICATION.store_files(),
+        output:
+            REPLICATION.check_file(),
+        log:
+            P.logs("replication_check.log"),
+        params:
+            stores=REPLICATION.stores(),
+            sampled=REPLICATION.sampled(),
+        shell:
+            "mcfl check-draws --out {output:q} --sampled {params.sampled:q} {params.stores:q} > {log:q} 2>&1 "
+            "|| {{ tail -n 1 {log:q} >&2; exit 1; }}"
 
     rule replication:
         input:
