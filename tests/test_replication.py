@@ -149,3 +149,22 @@ def test_a_draw_with_too_few_clients_or_a_broken_store_stops_with_one_line(digit
     with pytest.raises(ValueError, match=r"^replication: draw 'b': .*sha256 differs") as e:
         check_draws({"b": str(broken)}, 0, out)
     assert "\n" not in str(e.value) and not out.exists()
+
+
+def test_check_draws_command_fails_with_one_line(digits_store, tmp_path, capsys):
+    from mcfl import cli
+
+    out = tmp_path / "checked.json"
+    assert cli.main(["check-draws", "--out", str(out), "--sampled", "1000", f"s1={digits_store}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "draw 's1'" in err and not out.exists()
+    assert cli.main(["check-draws", "--out", str(out), str(digits_store)]) == 1
+    assert "is not DRAW=STORE" in capsys.readouterr().err
+
+
+def test_the_draw_is_an_mlflow_parameter():
+    from mcfl.track import flatten
+
+    cfg = config()
+    run = next(r for r in expand_runs(cfg) if r["dataset"] == "digits-s1")
+    assert flatten(run)["draw"] == "s1"

@@ -30,7 +30,8 @@ def test_two_partition_draws_train_alike_and_get_a_verdict(tmp_path, cli_env):
     dry = snakemake(tmp_path, cli_env, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = job_counts(dry.stdout)       # NoFed stays on the original draw; the reference trains on both
-    assert counts["prepare"] == 2 and counts["train"] == 3 * 2 + 2 * 2 and counts["replication"] == 1
+    assert counts["prepare"] == 2 and counts["train"] == 3 * 2 + 2 * 2
+    assert counts["replication_check"] == 1 and counts["replication"] == 1
     r = snakemake(tmp_path, cli_env)
     assert r.returncode == 0, r.stderr[-3000:]
     res = tmp_path / "results"
