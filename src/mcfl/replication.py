@@ -52,7 +52,7 @@ def add_draws(cfg: dict, expand_runs: Callable[[dict], list[dict]]) -> bool:
     for draw, name in names.items():
         if name in cfg["datasets"]:
             raise ReplicationError(f"replication.draws.{draw}: its dataset name {name!r} is already a "
-                              f"dataset of the config; rename the draw")
+                                   f"dataset of the config; rename the draw")
         cfg["datasets"][name] = _redrawn(original, rep["draws"][draw], draw)
     original["draw"] = rep["original"]
     _check_protocols(original, rep)
@@ -66,16 +66,16 @@ def draw_dataset(base: str, draw: str) -> str:
 
 
 def _base_dataset(cfg: dict, rep: dict) -> str:
+    if rep["original"] in rep["draws"]:
+        raise ReplicationError(f"replication.original: {rep['original']!r} is also the name of a draw; rename one")
     base = rep.get("dataset")
     if base is None:
         if len(cfg["datasets"]) != 1:
             raise ReplicationError(f"replication.dataset: the config has {len(cfg['datasets'])} datasets "
-                              f"({', '.join(cfg['datasets'])}); name the one the draws redraw")
+                                   f"({', '.join(cfg['datasets'])}); name the one the draws redraw")
         return next(iter(cfg["datasets"]))
     if base not in cfg["datasets"]:
         raise ReplicationError(f"replication.dataset: unknown dataset {base!r}; known: {', '.join(cfg['datasets'])}")
-    if rep["original"] in rep["draws"]:
-        raise ReplicationError(f"replication.original: {rep['original']!r} is also the name of a draw; rename one")
     return base
 
 
@@ -92,7 +92,7 @@ def _redrawn(original: dict, draw: dict, name: str) -> dict:
         ds["partition"] = {**(ds.get("partition") or {}), **draw["partition"]}
     if ds["prepare"] == original["prepare"] and ds.get("partition") == original.get("partition"):
         raise ReplicationError(f"replication.draws.{name}: the same prepare and partition as the original "
-                          f"dataset, so the same clients; change a seed, a run or a source")
+                               f"dataset, so the same clients; change a seed, a run or a source")
     ds["draw"] = name
     return ds
 
@@ -102,7 +102,7 @@ def _check_protocols(ds: dict, rep: dict) -> None:
     for p in rep["protocols"]:
         if p != STANDARD and p not in named:
             raise ReplicationError(f"replication.protocols: {p!r} is not a protocol of the dataset (known: "
-                              f"{', '.join([STANDARD, *named])})")
+                                   f"{', '.join([STANDARD, *named])})")
 
 
 def _labels(cfg: dict, base: str, entry: dict, expand_runs) -> list[str]:
@@ -137,7 +137,7 @@ def _extend_methods(cfg: dict, base: str, draws: list[str], rep: dict, expand_ru
     missing = [lab for lab in [rep["reference"], *(chosen or [])] if lab not in found]
     if missing:
         raise ReplicationError(f"replication: no method entry on {base!r} makes the label {missing[0]!r} "
-                          f"(reference or methods)")
+                               f"(reference or methods)")
 
 
 # -- what the DAG asks (workflow/rules/replication.smk) ---------------------------------------------
