@@ -168,3 +168,25 @@ def test_the_draw_is_an_mlflow_parameter():
     cfg = config()
     run = next(r for r in expand_runs(cfg) if r["dataset"] == "digits-s1")
     assert flatten(run)["draw"] == "s1"
+
+
+@pytest.mark.slow
+def test_the_draw_is_an_mlflow_tag_to_filter_by(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from conftest import make_run
+    from mcfl.track import MLflowTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    client = MlflowClient(uri)
+    ids = {}
+    for draw in ("original", "s1"):
+        t = MLflowTracker("draws", client=client, defer=False, run_dir=f"results/runs/{draw}/FedAvg/seed0")
+        t.start({**make_run(dataset=draw), "draw": draw}, {"git": "g", "data_hash": "d", "run_hash": draw})
+        t.end("FINISHED")
+        ids[draw] = t.run_id
+    exp = client.get_experiment_by_name("draws").experiment_id
+    found = client.search_runs([exp], "tags.draw = 's1'")
+    assert [r.info.run_id for r in found] == [ids["s1"]] and found[0].data.params["draw"] == "s1"
