@@ -190,3 +190,21 @@ def test_the_draw_is_an_mlflow_tag_to_filter_by(tmp_path, monkeypatch):
     exp = client.get_experiment_by_name("draws").experiment_id
     found = client.search_runs([exp], "tags.draw = 's1'")
     assert [r.info.run_id for r in found] == [ids["s1"]] and found[0].data.params["draw"] == "s1"
+
+
+def test_the_report_reads_the_chosen_runs_and_every_training_job_waits_for_the_check():
+    from types import SimpleNamespace
+
+    from mcfl.plan import Plan
+    from mcfl.replication import ReplicationPlan
+
+    plan = Plan(config())
+    rep = ReplicationPlan(plan)
+    plan.gates.update(rep.gate())
+    assert rep.datasets() == ["digits", "digits-s1", "digits-p2"] and rep.draw_order() == ["original", "s1", "p2"]
+    assert sorted({(r["dataset"], r["label"]) for r in rep.runs()}) == [
+        ("digits", "FeSEM(3)"), ("digits", "FedAvg"), ("digits-p2", "FeSEM(3)"), ("digits-p2", "FedAvg"),
+        ("digits-s1", "FeSEM(3)"), ("digits-s1", "FedAvg")]
+    assert rep.sampled() == 4
+    job = SimpleNamespace(dataset="digits", run="NoFed", seed="0")
+    assert plan.training.train_inputs(job)["replication_check"] == rep.check_file()

@@ -154,8 +154,10 @@ class ReplicationPlan:
 
     def datasets(self) -> list[str]:
         """The draws' datasets, the original first."""
-        base = _base_dataset(self.plan.config, self.section) if self else None
-        return [base, *(draw_dataset(base, d) for d in self.section["draws"])] if self else []
+        if not self:
+            return []
+        base = self.section["dataset"]                    # named by add_draws
+        return [base, *(draw_dataset(base, d) for d in self.section["draws"])]
 
     def runs(self) -> list[dict]:
         """The configured runs on the draws of the chosen labels and the reference."""
