@@ -15,7 +15,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup reproduce test test-fast dry-run report clean femnist-sample femnist-sample-paper femnist-sample-authors femnist-sample-authors-switches \
-	femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg femnist-flic femnist-sample-variants femnist-sample-switches femnist-sample-h248 femnist-sample-tf32 femnist-sample-bf16 fesem-digits-variants docs docs-check docs-serve docs-results lock dvc-lock
+	femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg femnist-flic femnist-sample-variants femnist-sample-switches femnist-sample-h248 femnist-sample-tf32 femnist-sample-bf16 femnist-sample-replication fesem-digits-variants docs docs-check docs-serve docs-results lock dvc-lock
 
 # requirements.lock pins every package (torch included) to the tested set: `make` installs exactly
 # that, with uv (about 36 s) or, where uv fails, pip (about 2 min 45 s); MCFL_INSTALLER=pip forces
@@ -46,7 +46,7 @@ dvc-lock: setup
 # config/femnist-sample.yaml (FeSEM's Table 2 on the embedded writers) or that base with one overlay
 # of config/femnist-sample/ merged over it; fesem-digits-variants is a config of its own.
 SNAKE_STUDY := $(BIN)/snakemake --cores $(CORES) --rerun-incomplete --configfile
-FEMNIST_OVERLAYS := paper authors authors-switches tune fedgsp fedcg variants switches h248 bf16 tf32
+FEMNIST_OVERLAYS := paper authors authors-switches tune fedgsp fedcg variants switches h248 bf16 tf32 replication
 
 femnist-sample: setup
 	$(SNAKE_STUDY) config/femnist-sample.yaml

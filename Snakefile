@@ -43,6 +43,7 @@ include: "workflow/rules/fedcg.smk"
 include: "workflow/rules/protocols.smk"
 include: "workflow/rules/publish.smk"
 include: "workflow/rules/track.smk"
+include: "workflow/rules/replication.smk"
 
 
 rule all:

@@ -416,6 +416,8 @@ def _write_outputs(out_dir: Path, run, machine, algo, state, fed, rows, final, p
               "time_s": {c[:-2]: round(float(sum(r.get(c, 0.0) for r in rows)), 2) for c in TIME_COLUMNS},
               **machine}              # device (and GPU name), CPU kernels, torch, git, precision
     result["partition"] = run.get("partition", "natural")          # which partition made the data
+    if "draw" in run:                          # which draw of the clients (mcfl.replication)
+        result["draw"] = run["draw"]
     if segments:                 # a resumed run: which machine trained which rounds (report.format)
         result["segments"] = segments
     diverged = divergence_summary(rows)

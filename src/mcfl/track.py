@@ -346,8 +346,8 @@ class MLflowTracker(Tracker):
         tags = {"dataset": run["dataset"], "method": run["method"], "label": run["label"],
                 "seed": str(run["seed"]), "K": str(run["params"].get("K", "")),
                 "git_sha": identity["git"], "data_hash": identity["data_hash"],
-                "run_hash": identity["run_hash"], "mlflow.runName": name,
-                "method_origin": method_origin(run["method"]), **(tags or {})}
+                "run_hash": identity["run_hash"], "mlflow.runName": name, "method_origin": method_origin(run["method"]),
+                **{k: run[k] for k in ["draw"] if k in run}, **(tags or {})}   # draw: mcfl.replication
         if self.run_dir:
             tags[RUN_DIR_TAG] = self.run_dir
         tags.update({k: str(identity[k]) for k in ("threads", "torch", "cpu") if k in identity})

@@ -9,6 +9,7 @@ if P.training.shared_first:
     rule first_models:
         input:
             store=P.training.first_store,
+            gates=lambda w: list(P.gates.values()),
         output:
             P.training.first_models_file,
         log:

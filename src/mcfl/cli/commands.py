@@ -10,8 +10,10 @@ import os
 import textwrap
 from pathlib import Path
 
+from mcfl import replication_cli
 from mcfl.cli.parser import _first_sentence, _plain, available_cores
 from mcfl.data.leaf import cli as leaf_cli
+from mcfl.replication import cost_line
 
 def _cmd_prepare(a) -> int:
     from mcfl.data import prepare
@@ -72,7 +74,7 @@ def _cmd_check_config(a) -> int:
     for r in runs:
         print(f"  {r['dataset']:<12} {r['label']:<14} seed {r['seed']}")
     if a.estimate:
-        from mcfl.cost import estimate
+        from mcfl.cost import duration, estimate
 
         try:
             est = estimate(cfg)
@@ -80,6 +82,8 @@ def _cmd_check_config(a) -> int:
             print(f"(no cost estimate: {' '.join(str(e).split())})")
             return 0
         print(est.summary(cores=available_cores()))
+        if "replication" in cfg:                           # what the other draws add (mcfl.replication)
+            print(cost_line(cfg, est.runs, duration))
         print("  (snakemake prints the cost of the jobs it will actually run when it starts: "
               "`snakemake -n` lists them)")
     return 0
@@ -393,4 +397,5 @@ COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods
             "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
             "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,
             "report-fedcg": _cmd_report_fedcg, "report-protocols": _cmd_report_protocols,
-            "report-writers": _cmd_report_writers, "publish": _cmd_publish, "track": _cmd_track, **leaf_cli.COMMANDS}
+            "report-writers": _cmd_report_writers, "publish": _cmd_publish, "track": _cmd_track, **leaf_cli.COMMANDS,
+            **replication_cli.COMMANDS}

@@ -6,6 +6,7 @@ import argparse
 import inspect
 import os
 
+from mcfl import replication_cli
 from mcfl.data.leaf import cli as leaf_cli
 
 #: the parser's description: what ``mcfl --help`` shows above the sub-commands
@@ -247,6 +248,7 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (select_k.csv, select_k.md)")
     p.add_argument("files", nargs="+", help="select-k result files")
     leaf_cli.add_parsers(sub, download=full("download"))     # download, import-leaf, export-leaf
+    replication_cli.add_parsers(sub)                         # report-replication
     _add_figure_parser(sub)
     if full("fedgsp"):
         from mcfl.report.fedgsp import add_parser as add_fedgsp_parser

@@ -26,6 +26,7 @@ from typing import Any
 
 from mcfl.config.files import MAX_DEPTH, MAX_RUNS, ConfigError, _path
 from mcfl.paths import plain_name
+from mcfl.replication import ReplicationError, add_draws
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schema" / "config.schema.yaml"
 
@@ -255,6 +256,11 @@ def _validate(cfg: dict, source: str) -> dict:
             msg += f"; allowed: {', '.join(e.schema.get('properties', {}))}"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ConfigError(f"{source}: {_path(e.absolute_path)}: {msg}{more}")
+    try:                                    # `replication:` draws become datasets: check them too
+        if add_draws(cfg, expand_runs):
+            return _validate(cfg, source)
+    except ReplicationError as e:
+        raise ConfigError(f"{source}: {e}") from None
     n_runs = sum(len(e["K"]) if isinstance(e.get("K"), list) else 1 for name in cfg["datasets"]
                  for e in cfg["methods"] if name in e.get("datasets", [name])) * len(cfg["seeds"])
     if n_runs > MAX_RUNS:                   # before any per-run work (an upper bound: seeds subsets)
@@ -421,6 +427,7 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                                  "data": dict(ds["prepare"]), "experiment": cfg["experiment"],
                                  "partition": partition_label(ds.get("partition")),
                                  "needs_centres": cls.uses_centres(params),
+                                 **({"draw": ds["draw"]} if "draw" in ds else {}),      # mcfl.replication
                                  "select_k": _select_k(entry) if K == "auto" else None})
     return runs
 

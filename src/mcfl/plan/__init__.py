@@ -70,6 +70,9 @@ class Plan:
         for (d, _, s), run in self.runs.items():
             if run["needs_centres"]:
                 self.inits.setdefault((d, centre_key(run), s), run)
+        #: extra inputs of every training job: files a check writes before any training starts
+        #: (``replication_check``: workflow/rules/replication.smk)
+        self.gates: dict[str, str] = {}
         # the stages' planners (each beside its rule file: see the module docstring)
         self.prepare = PreparePlan(self)
         self.training = TrainPlan(self)

@@ -46,7 +46,7 @@ class TrainPlan:
 
     def train_inputs(self, w) -> dict[str, str]:
         run = self.plan.run(w)
-        inputs = {"store": self.plan.store(w.dataset), **self.k_input(w)}
+        inputs = {"store": self.plan.store(w.dataset), **self.plan.gates, **self.k_input(w)}
         if run["needs_centres"]:
             inputs["centres"] = self.init_path(run)
         return inputs
@@ -78,7 +78,7 @@ class TrainPlan:
 
     def init_inputs(self, w) -> dict[str, str]:
         run = self.init_run(w)
-        inputs = {"store": self.plan.store(w.dataset), **self.k_input(w, run)}
+        inputs = {"store": self.plan.store(w.dataset), **self.plan.gates, **self.k_input(w, run)}
         first = self.first_path(run)
         if first:
             inputs["first"] = first
@@ -198,7 +198,7 @@ class TrainPlan:
 
     def group_inputs(self, w) -> dict[str, str]:
         """The store, and each seed's centres file and select-k result (``centres<i>``, ``k<i>``)."""
-        inputs = {"store": self.plan.store(w.dataset)}
+        inputs = {"store": self.plan.store(w.dataset), **self.plan.gates}
         for i, run in enumerate(self._group_runs(w)):
             if run["needs_centres"]:
                 inputs[f"centres{i}"] = self.init_path(run)

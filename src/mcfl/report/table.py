@@ -39,7 +39,7 @@ def collect(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     finals, hists = [], []
     for d in run_dirs:
         m = read_run(d, history=True)
-        finals.append({"dataset": m["dataset"], "partition": m.get("partition", "natural"),
+        finals.append({"dataset": m["dataset"], "partition": m.get("partition", "natural"), "draw": m.get("draw", ""),
                        "method": m["label"], "seed": m["seed"], **m["final"],
                        "diverged": m.get("diverged")})
         h = m["history"]
@@ -53,7 +53,7 @@ def summary_table(finals: pd.DataFrame) -> pd.DataFrame:
     order = list(dict.fromkeys(zip(finals["dataset"], finals["partition"], finals["method"])))
     for ds, part, method in order:
         g = finals[(finals["dataset"] == ds) & (finals["partition"] == part) & (finals["method"] == method)]
-        row = {"dataset": ds, "partition": part, "method": method, "n_seeds": len(g),
+        row = {"dataset": ds, "partition": part, "draw": g["draw"].iloc[0], "method": method, "n_seeds": len(g),
                "n_diverged": int(g["diverged"].notna().sum()) if "diverged" in g else 0}
         for k in METRICS:
             v = g[k].astype(float) * 100
