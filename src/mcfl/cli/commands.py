@@ -177,7 +177,7 @@ def _cmd_init_centres(a) -> int:
     if spec["K"] == "auto":
         if not a.k_from:
             raise ValueError("K is 'auto'; pass --k-from with the select-k result")
-        from mcfl.cluster.select_k import read_k
+        from mcfl.select_k import read_k
 
         spec["K"] = read_k(a.k_from)
     fed = _federation_for(spec, a.store, a.device, a.threads)
@@ -236,7 +236,7 @@ def _resolve_k(run: dict, k_from: str | None) -> dict:
         return run
     if not k_from:
         raise ValueError(f"{run['label']}: K is 'auto'; pass --k-from with the select-k result")
-    from mcfl.cluster.select_k import read_k
+    from mcfl.select_k import read_k
 
     return dict(run, params={**run["params"], "K": read_k(k_from)})
 
@@ -309,7 +309,7 @@ def _cmd_report_writers(a) -> int:
 
 
 def _cmd_report_select_k(a) -> int:
-    from mcfl.cluster.select_k import write_select_k_report
+    from mcfl.select_k import write_select_k_report
 
     write_select_k_report([Path(p) for p in a.files], Path(a.out))
     return 0

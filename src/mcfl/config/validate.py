@@ -203,7 +203,7 @@ def params_of(cls, name: str, entry: dict, where: str, K: int | None = None):
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
     kw = {k: v for k, v in entry.items()
           if k not in ("method", "name", "label", "train", "model", "K", "select_k", "datasets", "seeds")}
-    if K == "auto":                     # chosen later by the select_k rule (mcfl.cluster.select_k)
+    if K == "auto":                     # chosen later by the select_k rule (mcfl.select_k)
         if not hasattr(cls.Params(), "K"):
             raise ConfigError(f"{where}.K: {name} does not take K, so K cannot be 'auto'")
     elif K is not None:
@@ -296,7 +296,7 @@ def _validate(cfg: dict, source: str) -> dict:
             if "select_k" in entry and K != "auto":
                 raise ConfigError(f"{source}: methods[{i}].select_k: only used with K: auto")
             if K == "auto":
-                from mcfl.cluster.select_k import select_k_settings
+                from mcfl.cluster.spec import select_k_settings
 
                 try:
                     sk = select_k_settings(entry)
@@ -426,6 +426,6 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
 
 
 def _select_k(entry: dict) -> dict:
-    from mcfl.cluster.select_k import select_k_settings
+    from mcfl.cluster.spec import select_k_settings
 
     return dataclasses.asdict(select_k_settings(entry))
