@@ -164,10 +164,11 @@ class Job:
     after: tuple[str, ...] = ()
 
 
-def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, DataSize] | None = None,
+def estimate(plan, *, timer: StepTimer | None = None, sizes: dict[str, DataSize] | None = None,
              pending: bool = False, dag: list[DagJob] | None = None,
              start_s: float | None = None, probe: bool | None = None) -> Estimate:
-    """The cost of a validated config's runs on this machine (see the module docstring).
+    """The cost of a planned config's runs on this machine (see the module docstring); ``plan``: the
+    :class:`mcfl.plan.Plan` of a validated config (its runs, stores, run folders and job files).
 
     Which runs: every run of the config; with ``pending``, those without a ``metrics.json`` in
     their run directory; with ``dag``, the jobs Snakemake will run (its DAG's jobs that need to
@@ -177,9 +178,7 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
     :func:`~mcfl.probe.measure_startup`). ``probe``: time each method's round on a probe federation
     (:func:`~mcfl.probe.method_costs`; default: unless ``timer`` is given). ``timer`` and ``sizes`` replace the
     measurement and the data sizes (tests)."""
-    from mcfl.plan import Plan, run_key
-
-    plan = Plan(cfg)
+    cfg = plan.config
     device = _device(cfg.get("device", "auto"))
     if start_s is None and timer is not None:             # a test's timer: no start-ups either
         start_s = 0.0
@@ -191,16 +190,15 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
         if name not in sizes:
             sizes[name] = data_size(ds, Path(plan.store(name)), Path(plan.raw_store(name)))
     wanted = _dag_outputs(plan, dag) if dag is not None else None
-    todo = [r for k, r in plan.runs.items() if (wanted is None or _train_id(plan, k) in wanted)
+    todo = [(k, r) for k, r in plan.runs.items() if (wanted is None or _train_id(plan, k) in wanted)
             and not (pending and (Path(plan.dir_of(r)) / "metrics.json").exists())]
     methods: dict[str, MethodCost] = {}
-    for name in dict.fromkeys(r["dataset"] for r in todo) if probe else ():
-        methods.update(method_costs([r for r in todo if r["dataset"] == name], sizes[name], device, timer))
+    for name in dict.fromkeys(r["dataset"] for _, r in todo) if probe else ():
+        methods.update(method_costs([r for _, r in todo if r["dataset"] == name], sizes[name], device, timer))
     measured: dict[str, tuple[float, float]] = {}
     jobs: dict[str, Job] = {}
     out, notes = [], []
-    for run in todo:
-        key = run_key(run)
+    for key, run in todo:
         size = sizes[run["dataset"]]
         train = {**train_defaults(), **run["train"]}
         group = batched_group(train, size, run["params"])

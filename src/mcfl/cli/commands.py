@@ -73,9 +73,10 @@ def _cmd_check_config(a) -> int:
         print(f"  {r['dataset']:<12} {r['label']:<14} seed {r['seed']}")
     if a.estimate:
         from mcfl.cost import estimate
+        from mcfl.plan import Plan
 
         try:
-            est = estimate(cfg)
+            est = estimate(Plan(cfg))
         except (ValueError, RuntimeError, OSError) as e:    # the config is valid: say why, go on
             print(f"(no cost estimate: {' '.join(str(e).split())})")
             return 0
@@ -321,7 +322,7 @@ def _cmd_figure(a) -> int:
     if a.figure == "clusters":
         from mcfl.config import parse_run
 
-        from mcfl.cluster.snapshot import cluster_snapshot
+        from mcfl.snapshot import cluster_snapshot
 
         run = parse_run(a.run)
         dev = _federation_device(a.device, a.threads)

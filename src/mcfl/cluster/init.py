@@ -40,6 +40,7 @@ from __future__ import annotations
 import io
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -47,9 +48,11 @@ import torch
 from mcfl.aggregate import WeightedSum
 from mcfl.cluster.spec import centre_options
 from mcfl.engine import Task
-from mcfl.federation import Federation
 from mcfl.io import write_bytes
 from mcfl.streams import KMEANS, SKETCH, derive_seed
+
+if TYPE_CHECKING:                      # annotations only: no import of the layer above
+    from mcfl.federation import Federation
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mcfl import methods
 from mcfl.config.files import ConfigError, _path
 from mcfl.config.validate import _check_kwargs, _check_numbers, _schema, method_params
 from mcfl.paths import plain_name
@@ -23,8 +24,6 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool | tuple[str, ...]
 
     import jsonschema
     from jsonschema.exceptions import best_match
-
-    from mcfl import algorithms
 
     try:
         run = json.loads(text)
@@ -62,8 +61,8 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool | tuple[str, ...]
             raise ConfigError("train.rounds: missing")
         if keys is RUN_KEYS and run["params"].get("K") != "auto":
             try:
-                algorithms.get(run["method"])
-            except algorithms.MethodError as e:
+                methods.get(run["method"])
+            except methods.MethodError as e:
                 raise ConfigError(f"method: {e}") from None
             entry = {"method": run["method"], **{k: v for k, v in run["params"].items() if k != "K"}}
             method_params(entry, "params", run["params"].get("K"))

@@ -24,6 +24,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from mcfl import methods
 from mcfl.config.files import MAX_DEPTH, MAX_RUNS, ConfigError, _path
 from mcfl.paths import plain_name
 
@@ -188,12 +189,10 @@ def _check_kwargs(where: str, fn, kwargs: dict, skip: tuple[str, ...] = ()) -> N
 
 def method_params(entry: dict, where: str, K: int | None = None):
     """Build the algorithm's Params from a method entry (type- and value-checked)."""
-    from mcfl import algorithms
-
     try:
-        cls = algorithms.get(entry["method"])
-        name = algorithms.plain_name(entry["method"])
-    except algorithms.MethodError as e:
+        cls = methods.get(entry["method"])
+        name = methods.plain_name(entry["method"])
+    except methods.MethodError as e:
         raise ConfigError(f"{where}.method: {e}") from None
     return params_of(cls, name, entry, where, K)
 
@@ -321,14 +320,12 @@ def _validate(cfg: dict, source: str) -> dict:
                                   f"number of clients of dataset {name!r} ({n} clients); use null "
                                   f"for all clients")
     runs = expand_runs(cfg)
-    from mcfl import algorithms
-
     for r in runs:                                      # per-cluster sampling: clustered methods only
         c = r["train"].get("clients_per_cluster")
         if not c:
             continue
         where = f"methods: {r['label']} on {r['dataset']}: train.clients_per_cluster"
-        if not algorithms.get(r["method"]).clustered:
+        if not methods.get(r["method"]).clustered:
             raise ConfigError(f"{source}: {where}: {r['method']} has no clusters to sample from; use "
                               f"clients_per_round")
         if r["train"].get("clients_per_round") is not None:
@@ -390,7 +387,6 @@ def n_clients(ds: dict) -> int | None:
 
 def expand_runs(cfg: dict) -> list[dict[str, Any]]:
     """One run dict per (dataset, method entry, K, seed), in config order."""
-    from mcfl import algorithms
     from mcfl.data.repartition import label as partition_label
 
     runs = []
@@ -398,11 +394,11 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
         for i, entry in enumerate(cfg["methods"]):
             if dname not in entry.get("datasets", [dname]):
                 continue
-            cls = algorithms.get(entry["method"])
+            cls = methods.get(entry["method"])
             Ks = entry.get("K")
             for K in (Ks if isinstance(Ks, list) else [Ks]):
                 params = dataclasses.asdict(method_params(entry, f"methods[{i}]", K))
-                base = entry.get("name", algorithms.plain_name(entry["method"]))
+                base = entry.get("name", methods.plain_name(entry["method"]))
                 if K == "auto":
                     params["K"] = "auto"
                 k = params.get("K") if cls.clustered else None
@@ -415,7 +411,7 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                     raise ConfigError(f"methods[{i}].warmup: {params['warmup']} warm-up rounds leave none "
                                       f"of {dname}'s {train['rounds']} rounds to the K clusters; use fewer")
                 for seed in entry.get("seeds", cfg["seeds"]):
-                    runs.append({"dataset": dname, "method": algorithms.canonical(entry["method"]), "label": label,
+                    runs.append({"dataset": dname, "method": methods.canonical(entry["method"]), "label": label,
                                  "run_id": run_id, "seed": int(seed), "params": params,
                                  "model": dict(entry.get("model", ds["model"])), "train": train,
                                  "data": dict(ds["prepare"]), "experiment": cfg["experiment"],
