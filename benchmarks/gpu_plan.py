@@ -31,7 +31,8 @@ import numpy as np
 
 from _common import ROOT
 
-from mcfl import cost, workload
+from mcfl import cost
+from mcfl.cost import workload
 from mcfl.config import load_config, expand_runs
 from mcfl.trainspec import TrainSpec
 

@@ -23,7 +23,7 @@ def _recording_build(monkeypatch):
 
 
 def test_a_huge_batch_is_timed_on_a_bounded_probe_and_scaled_linearly(monkeypatch):
-    from mcfl.probe import PROBE_ROWS, measure_step, probe_rows
+    from mcfl.cost.probe import PROBE_ROWS, measure_step, probe_rows
 
     shapes = _recording_build(monkeypatch)
     step_s, sample_s = measure_step({"name": "logreg"}, (60,), 5, 10**9, "cpu", repeats=1)
@@ -68,10 +68,10 @@ def test_check_config_with_a_batch_of_a_billion_prints_an_estimate_and_one_note(
 
 
 def test_a_batch_that_does_not_fit_in_memory_is_named(tmp_path, monkeypatch):
-    from mcfl import bounds
+    from mcfl.cost import memory as bounds
     from mcfl.cost import estimate
     from mcfl.plan import Plan
-    from mcfl.workload import DataSize
+    from mcfl.cost.workload import DataSize
 
     monkeypatch.setattr(bounds, "available_memory", lambda device="cpu": 1 << 20)      # 1 MB free
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=10**7, n_test=50, origin="test")
@@ -104,7 +104,7 @@ def test_the_dag_s_jobs_are_what_is_costed(tmp_path):
     from mcfl.cost import estimate
     from mcfl.plan import Plan
     from mcfl.plan import Plan
-    from mcfl.workload import DataSize
+    from mcfl.cost.workload import DataSize
 
     cfg = validate(_own(tmp_path, batch_size=10))
     size = {"mine": DataSize((1, 8, 8), 10, n_clients=10, n_train=200, n_test=50, origin="test")}
@@ -130,8 +130,8 @@ def test_the_dag_s_jobs_are_what_is_costed(tmp_path):
 
 
 def test_the_method_probe_trains_batches_of_at_most_a_client_s_samples(tmp_path):
-    from mcfl.probe import _probe_store, _probe_train
-    from mcfl.workload import DataSize
+    from mcfl.cost.probe import _probe_store, _probe_train
+    from mcfl.cost.workload import DataSize
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=1438, n_test=50, origin="test")
     data = _probe_store(tmp_path / "probe", size, n_clients=6, n_domains=2, rows=20)
@@ -173,9 +173,10 @@ def test_a_method_s_probe_round_becomes_its_step_factor_server_and_evaluation(tm
     one local epoch: 12 local steps a round. FedAvg's local training 0.24 s over 12 bare steps of
     0.01 s is a factor 2 (what the engine adds); FeSEM's 0.36 s a factor 3, its server step 0.06 s
     is 0.01 s a client. A method that fails on the probe counts as FedAvg."""
-    from mcfl import cost, probe
+    from mcfl import cost
+    from mcfl.cost import probe
     from mcfl.plan import Plan
-    from mcfl.workload import DataSize, RunCost
+    from mcfl.cost.workload import DataSize, RunCost
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=1440, n_test=50, origin="test")
     runs = list(Plan(validate(_own(tmp_path, batch_size=10))).runs.values())

@@ -117,7 +117,7 @@ def test_the_estimate_charges_shared_first_local_models_once_a_seed():
     others nothing."""
     from mcfl.cost import estimate
     from mcfl.plan import Plan
-    from mcfl.workload import run_cost
+    from mcfl.cost.workload import run_cost
 
     cfg = validate(read_configs([ROOT / "config" / "femnist-sample.yaml",
                                  ROOT / "config" / "femnist-sample" / "authors.yaml"]))

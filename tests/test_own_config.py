@@ -93,7 +93,7 @@ def _costed(tmp_path, **train):
 def test_the_estimate_is_runs_times_rounds_times_seconds_per_round(tmp_path):
     from mcfl.cost import estimate
     from mcfl.plan import Plan
-    from mcfl.workload import DataSize
+    from mcfl.cost.workload import DataSize
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=200, n_test=50, origin="test")
     batches = []
@@ -125,7 +125,7 @@ def test_the_estimate_is_runs_times_rounds_times_seconds_per_round(tmp_path):
 def test_batched_steps_are_timed_on_the_round_s_clients_at_once_and_long_studies_get_a_hint(tmp_path):
     from mcfl.cost import estimate
     from mcfl.plan import Plan
-    from mcfl.workload import DataSize
+    from mcfl.cost.workload import DataSize
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=200, n_test=50, origin="test")
     batches = []
@@ -145,7 +145,7 @@ def test_batched_steps_are_timed_on_the_round_s_clients_at_once_and_long_studies
 def test_leaf_json_sizes_come_from_num_samples(tmp_path):
     import json
 
-    from mcfl.workload import data_size
+    from mcfl.cost.workload import data_size
 
     for split, counts in (("train", [30, 50]), ("test", [3, 5])):
         (tmp_path / split).mkdir()

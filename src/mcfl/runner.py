@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from mcfl import algorithms
-from mcfl.bounds import check_run
+from mcfl.cost.memory import check_run
 from mcfl.checkpoints import checkpoint_owner, refuse_foreign_checkpoint
 from mcfl.data.store import StoreError, load, warn_untested
 from mcfl.divergence import COLUMN as DIVERGED, DivergenceWatch, summary as divergence_summary

@@ -137,7 +137,7 @@ def _federation_for(run: dict, store: str, device: str, threads: int, inputs=Non
     from mcfl.federation import build_federation, resolve_device
     from mcfl.runner import configure_torch
 
-    from mcfl.bounds import check_run
+    from mcfl.cost.memory import check_run
 
     dev = resolve_device(device)
     configure_torch(dev, threads)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from mcfl.workload import DataSize, evaluations, round_clients, train_defaults
+from mcfl.cost.workload import DataSize, evaluations, round_clients, train_defaults
 
 #: per-step time measurement: (model block, input shape, classes, batch size, device) ->
 #: (seconds per local SGD step, seconds per test sample)
@@ -67,10 +67,10 @@ def step_rows(train: dict, size: DataSize) -> int:
 
 def batch_notes(dataset: str, train: dict, size: DataSize, rows: int, device: str) -> list[str]:
     """One line each for what a run's batch size asks of the data and the machine: a
-    ``batch_size`` that ``mcfl train`` refuses (:func:`mcfl.bounds.check_run`: more than the
+    ``batch_size`` that ``mcfl train`` refuses (:func:`mcfl.cost.memory.check_run`: more than the
     largest client's samples), and a local step's batch plan and inputs that do not fit in the
     device's free memory."""
-    from mcfl.bounds import F32, FULL_BATCH_SLACK, I64, _gb, available_memory
+    from mcfl.cost.memory import F32, FULL_BATCH_SLACK, I64, _gb, available_memory
 
     B, out = int(train["batch_size"]), []
     if B > max(size.n_train, FULL_BATCH_SLACK):
@@ -171,7 +171,7 @@ def method_costs(runs: list[dict], size: DataSize, device: str,
     that cannot run on the probe counts as FedAvg."""
     import tempfile
 
-    from mcfl.workload import local_steps
+    from mcfl.cost.workload import local_steps
     from mcfl.trainspec import TrainSpec
 
     timer = timer or measure_step
