@@ -68,12 +68,11 @@ def test_check_config_with_a_batch_of_a_billion_prints_an_estimate_and_one_note(
 
 
 def test_a_batch_that_does_not_fit_in_memory_is_named(tmp_path, monkeypatch):
-    from mcfl.cost import memory as bounds
-    from mcfl.cost import estimate
+    from mcfl.cost import estimate, memory
     from mcfl.plan import Plan
     from mcfl.cost.workload import DataSize
 
-    monkeypatch.setattr(bounds, "available_memory", lambda device="cpu": 1 << 20)      # 1 MB free
+    monkeypatch.setattr(memory, "available_memory", lambda device="cpu": 1 << 20)      # 1 MB free
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=10**7, n_test=50, origin="test")
     est = estimate(Plan(validate(_own(tmp_path, batch_size=10**6))), sizes={"mine": size},
                    timer=lambda *a: (0.01, 0.001))

@@ -375,8 +375,6 @@ def _check_finite(row: dict, rnd: int) -> None:
 
 def _warn_diverged(run: dict, rnd: int, why: str, rows: list[dict]) -> None:
     """The log's line for a flagged round: the first in full, later ones briefly."""
-    from mcfl.errors import REMEDY
-
     who = f"{run['dataset']} {run['label']} seed {run['seed']}"
     if any(r.get(DIVERGED) for r in rows):
         log.warning("%s: round %d: loss still far above its best (%s)", who, rnd, why)

@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from mcfl.io import config_hash
 from mcfl.trainspec import TrainSpec
 
+#: the bytes within which the centre initialisation keeps the clients' first local models (beyond,
+#: it trains them again: :func:`mcfl.cluster.init.init_centres`' ``keep_bytes``)
+KEEP_BYTES = 256 << 20
+
 
 def centre_options(params) -> dict:
     """The k-means initialisation options of a clustered method's parameters (an object or a dict):

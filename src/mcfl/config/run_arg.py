@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mcfl import methods
 from mcfl.config.files import ConfigError, _path
-from mcfl.config.validate import _check_kwargs, _check_numbers, _schema, method_params
+from mcfl.config.validate import _check_kwargs, _check_numbers, _schema, method_params, model_zoo
 from mcfl.paths import plain_name
 
 RUN_KEYS = ("dataset", "method", "label", "run_id", "seed", "params", "model", "train")
@@ -75,10 +75,8 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool | tuple[str, ...]
 
 def _check_model(model: dict) -> None:
     """A run's ``model``: a known builder's ``name`` and that builder's keyword arguments."""
-    from mcfl import models
-
     name = model.get("name")
-    if not isinstance(name, str) or name not in models.MODELS:
+    if not isinstance(name, str) or name not in model_zoo():
         raise ConfigError(f"model.name: {name!r:.40} is not allowed; known models: "
-                          f"{', '.join(sorted(models.MODELS))}")
-    _check_kwargs("model", models.MODELS[name], model, skip=("name",))
+                          f"{', '.join(sorted(model_zoo()))}")
+    _check_kwargs("model", model_zoo()[name], model, skip=("name",))

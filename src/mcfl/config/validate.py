@@ -25,8 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from mcfl import methods
+from mcfl.cluster.spec import select_k_settings
 from mcfl.config.files import MAX_DEPTH, MAX_RUNS, ConfigError, _path
+from mcfl.data import SOURCES, source_fn
+from mcfl.data.repartition import label as partition_label
+from mcfl.data.repartition import resolve
 from mcfl.paths import plain_name
+from mcfl.trainspec import read_schema
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schema" / "config.schema.yaml"
 
@@ -83,17 +88,19 @@ def _check_numbers(node: Any, parts: list) -> None:
         raise ConfigError(f"{_path(parts)}: {node} is not allowed: larger than {SIZE_LIMIT:.0e}")
 
 
+def model_zoo() -> dict:
+    """The model builders by name (:data:`mcfl.models.MODELS`)."""
+    from mcfl import models     # deferred: PyTorch, which checking a config needs nowhere else
+
+    return models.MODELS
+
+
 def _schema() -> dict:
-    from mcfl import models
-    from mcfl.data import SOURCES
-
-    from mcfl.trainspec import read_schema
-
     schema = read_schema()
-    schema["$defs"]["method"]["properties"]["model"]["properties"]["name"]["enum"] = sorted(models.MODELS)
+    schema["$defs"]["method"]["properties"]["model"]["properties"]["name"]["enum"] = sorted(model_zoo())
     ds = schema["properties"]["datasets"]["additionalProperties"]["properties"]
     ds["prepare"]["properties"]["source"]["enum"] = sorted(SOURCES)
-    ds["model"]["properties"]["name"]["enum"] = sorted(models.MODELS)
+    ds["model"]["properties"]["name"]["enum"] = sorted(model_zoo())
     return schema
 
 
@@ -238,9 +245,6 @@ def _validate(cfg: dict, source: str) -> dict:
     import jsonschema
     from jsonschema.exceptions import best_match
 
-    from mcfl import models
-    from mcfl.data import source_fn
-
     schema = _schema()
     if not isinstance(cfg, dict):
         raise ConfigError(f"{source}: top level must be a mapping")
@@ -271,7 +275,7 @@ def _validate(cfg: dict, source: str) -> dict:
             except ValueError as e:
                 raise ConfigError(f"{source}: datasets.{name}.prepare: {e}") from None
         _check_partition(name, ds.get("partition"))
-        _check_kwargs(f"datasets.{name}.model", models.MODELS[ds["model"]["name"]],
+        _check_kwargs(f"datasets.{name}.model", model_zoo()[ds["model"]["name"]],
                       ds["model"], skip=("name",))
     for i, entry in enumerate(cfg["methods"]):
         unknown = [d for d in entry.get("datasets", []) if d not in cfg["datasets"]]
@@ -279,7 +283,7 @@ def _validate(cfg: dict, source: str) -> dict:
             raise ConfigError(f"{source}: methods[{i}].datasets: unknown dataset {unknown[0]!r}; "
                               f"known: {', '.join(cfg['datasets'])}")
         if "model" in entry:
-            _check_kwargs(f"methods[{i}].model", models.MODELS[entry["model"]["name"]], entry["model"],
+            _check_kwargs(f"methods[{i}].model", model_zoo()[entry["model"]["name"]], entry["model"],
                           skip=("name",))
         other = [s for s in entry.get("seeds", []) if s not in cfg["seeds"]]
         if other:
@@ -295,8 +299,6 @@ def _validate(cfg: dict, source: str) -> dict:
             if "select_k" in entry and K != "auto":
                 raise ConfigError(f"{source}: methods[{i}].select_k: only used with K: auto")
             if K == "auto":
-                from mcfl.cluster.spec import select_k_settings
-
                 try:
                     sk = select_k_settings(entry)
                 except (TypeError, ValueError) as e:
@@ -362,8 +364,6 @@ def _validate(cfg: dict, source: str) -> dict:
 
 
 def _check_partition(name: str, block: dict | None) -> None:
-    from mcfl.data.repartition import resolve
-
     try:
         r = resolve(block)
     except ValueError as e:
@@ -387,8 +387,6 @@ def n_clients(ds: dict) -> int | None:
 
 def expand_runs(cfg: dict) -> list[dict[str, Any]]:
     """One run dict per (dataset, method entry, K, seed), in config order."""
-    from mcfl.data.repartition import label as partition_label
-
     runs = []
     for dname, ds in cfg["datasets"].items():
         for i, entry in enumerate(cfg["methods"]):
@@ -422,6 +420,4 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
 
 
 def _select_k(entry: dict) -> dict:
-    from mcfl.cluster.spec import select_k_settings
-
     return dataclasses.asdict(select_k_settings(entry))

@@ -52,6 +52,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from mcfl.cluster.spec import KEEP_BYTES
 from mcfl.cost.probe import (JOB_IMPORTS, MethodCost, StepTimer, _device, batch_notes, batched_group,
                          measure_startup, measure_step, method_costs, method_key, step_rows)
 from mcfl.cost.workload import DataSize, RunCost, data_size, round_clients, run_cost, train_defaults
@@ -135,20 +136,15 @@ def duration(seconds: float) -> str:
 def init_passes(n_clients: int, n_params: int) -> int:
     """Passes of local training over every client that the centre initialisation makes: one, or
     two when the clients' first local models do not fit in its memory budget together
-    (:func:`mcfl.cluster.init.init_centres`' ``keep_bytes``: they are trained again)."""
-    import inspect
-
-    from mcfl.cluster.init import init_centres
-
-    keep = inspect.signature(init_centres).parameters["keep_bytes"].default
-    return 1 if n_clients * n_params * 4 <= keep else 2
+    (:data:`mcfl.cluster.spec.KEEP_BYTES`: they are trained again)."""
+    return 1 if n_clients * n_params * 4 <= KEEP_BYTES else 2
 
 
 def n_params(model: dict, size: DataSize) -> int:
     """The number of weights of a run's model (built on PyTorch's meta device: no memory)."""
     import torch
 
-    from mcfl import models
+    from mcfl import models      # deferred: PyTorch and the model zoo, for this count only
 
     with torch.device("meta"):
         net = models.build(model["name"], tuple(size.x_shape), size.n_classes,

@@ -32,6 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from mcfl.cost.workload import local_steps
+from mcfl.trainspec import TrainSpec
+
 #: bytes of one float32 weight and of one int64 row index of a batch plan
 F32, I64 = 4, 8
 #: copies of a client's weights the stacked (batched) update holds at once: weights, gradient,
@@ -75,7 +78,7 @@ def model_size(model_cfg: dict, data) -> int:
     PyTorch's meta device (nothing is allocated); a model that does not fit the data is an error."""
     import torch
 
-    from mcfl.federation import build_model
+    from mcfl.federation import build_model      # deferred: PyTorch and the model zoo, for this count only
 
     try:
         with torch.device("meta"):
@@ -95,12 +98,9 @@ def _gb(n: float) -> str:
 
 def estimate(train: dict, data, n_params: int, K: int | None = None) -> dict[str, int]:
     """A lower bound of the bytes a run allocates, by what allocates them (see the module docstring)."""
-    from mcfl.engine import LocalSpec, n_steps
-    from mcfl.trainspec import TrainSpec
-
     t = TrainSpec.of(train)
     n_max = int(data.n_train().max(initial=0))
-    steps = n_steps(n_max, LocalSpec.of(t))
+    steps = local_steps(t, n_max) if n_max else 0
     B = int(t.batch_size)
     per_epoch = max(1, math.ceil(n_max / B))
     plan_rows = math.ceil(steps / per_epoch) * per_epoch if steps else 0   # whole epochs, padded
@@ -134,8 +134,6 @@ def check_run(train: dict, model_cfg: dict, data, *, K: Any = None, device: Any 
     """Check a run's ``train`` block, model and ``K`` against the store ``data`` and the free memory
     of ``device``; return the estimate. ``where`` prefixes the keys named (``train`` for a run's
     JSON). Raises :class:`BoundsError`."""
-    from mcfl.trainspec import TrainSpec
-
     t = TrainSpec.of(train)
     n_max = int(data.n_train().max(initial=0))
     B = int(t.batch_size)
