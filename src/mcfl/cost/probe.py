@@ -20,6 +20,7 @@ from mcfl.cost.workload import DataSize, evaluations, local_steps, round_clients
 from mcfl.data import load
 from mcfl.data.store import ClientData
 from mcfl.data.write import write_store
+from mcfl.timing import LocalClock
 from mcfl.trainspec import TrainSpec
 
 #: per-step time measurement: (model block, input shape, classes, batch size, device) ->
@@ -262,7 +263,7 @@ def _time_method(run: dict, data, device: str) -> tuple[float, float, float]:
     evaluation, with one CPU thread."""
     import torch
 
-    from mcfl import evaluation, federation, timing     # deferred: PyTorch, for the probe's rounds only
+    from mcfl import evaluation, federation     # deferred: PyTorch, for the probe's rounds only
 
     cls = methods.get(run["method"])
     params = {k: (2 if v == "auto" else v) for k, v in run["params"].items()}
@@ -277,7 +278,7 @@ def _time_method(run: dict, data, device: str) -> tuple[float, float, float]:
             fed.inputs["centres"] = _probe_centres(fed, int(params["K"]), Path(data.path).parent)
         algo = cls(fed, cls.Params(**params))
         state = algo.init()
-        clock = timing.LocalClock(algo.fed.trainer, fed.device)
+        clock = LocalClock(algo.fed.trainer, fed.device)
         clients = fed.clients(1, algo.assignments(state) if fed.per_cluster else None)
         state, _ = algo.round(state, clients, 1)                     # warm-up
         clock.reset()

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from mcfl.cluster.spec import centre_key, centre_spec, first_models_key, first_models_spec
+from mcfl.cost.workload import data_size, forward_macs, param_count, run_cost, train_defaults
 from mcfl.io import canonical_json
 from mcfl.plan.runs import RUN_PATTERN, run_key
 
@@ -96,8 +97,6 @@ class TrainPlan:
         Robust(3) ... of one seed) where one ``first_models`` job pays: two or more such files, the
         models within :data:`FIRST_MODELS_BYTES`, and their training at least
         :data:`FIRST_MODELS_MIN_WORK`. Every other centre file trains its clients itself."""
-        from mcfl.cost.workload import param_count
-
         groups: dict[tuple, list[dict]] = {}
         for (d, _, s), run in self.plan.inits.items():
             if not run.get("select_k"):          # K: auto: its own file, after its K selection
@@ -236,8 +235,6 @@ class TrainPlan:
         is measured and nothing imports torch: every workflow invocation computes it, dry runs
         included. What a method adds to local training (FedCG's graph, FedDane's gradient pass) and
         its server step are not counted; one pass of centre initialisation."""
-        from mcfl.cost.workload import forward_macs, run_cost, train_defaults
-
         defaults, out = train_defaults(), {}
         for key, run in self.runs.items():
             size = self._sizes[run["dataset"]]
@@ -250,8 +247,6 @@ class TrainPlan:
     @functools.cached_property
     def _sizes(self) -> dict:
         """Each dataset's sizes (:func:`mcfl.cost.workload.data_size`), for the runs that train on it."""
-        from mcfl.cost.workload import data_size
-
         names = dict.fromkeys(run["dataset"] for run in self.runs.values())
         return {name: data_size(self.plan.datasets[name], Path(self.plan.store(name)),
                                 Path(self.plan.raw_store(name))) for name in names}
