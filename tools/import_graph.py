@@ -10,6 +10,7 @@ level 1); units on a cycle share one level.
     python tools/import_graph.py            # the figures
     python tools/import_graph.py --edges    # and each unit's level and what it imports
     python tools/import_graph.py --local    # and where each function-local import is
+    python tools/import_graph.py --check    # exit 1 past the limits: MAX_LEVELS, no cycle, MAX_LOCAL
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 #: the command line imports each command's modules when that command runs, on purpose
 CLI = "mcfl.cli"
+#: the limits ``--check`` holds the package to (``make lint``)
+MAX_LEVELS, MAX_LOCAL = 8, 15
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--edges", action="store_true", help="each unit's level and what it imports")
     parser.add_argument("--local", action="store_true", help="where each function-local import is")
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit 1 above {MAX_LEVELS} levels, with a cycle, or above {MAX_LOCAL} local imports")
     args = parser.parse_args(argv)
     found = imports(module_files())
     graph = unit_graph(found)
@@ -179,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"levels: {max(level.values())}")
     print(f"cycles: {len(cycles(graph))}" + "".join(f"\n  {' <-> '.join(c)}" for c in cycles(graph)))
     print(f"function-local mcfl imports outside {CLI}: {len(local_imports(found))}")
+    over = [what for what, bad in (
+        (f"more than {MAX_LEVELS} levels", max(level.values()) > MAX_LEVELS),
+        ("an import cycle", bool(cycles(graph))),
+        (f"more than {MAX_LOCAL} function-local imports (import at module level, or defer a heavy "
+         f"import with a one-line reason)", len(local_imports(found)) > MAX_LOCAL)) if bad]
+    if args.check and over:
+        print(f"import_graph: error: src/mcfl has {'; '.join(over)}")
+        return 1
     return 0
 
 
