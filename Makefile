@@ -111,9 +111,13 @@ lock: setup
 	  --python $(BIN)/python --no-emit-find-links --no-emit-index-url \
 	  --custom-compile-command 'make lock' $(UV_ARGS)
 
-# The rule files: formatted (snakefmt) and clean under `snakemake --lint` (see .ci/lint-snakemake)
+# The rule files: formatted (snakefmt) and clean under `snakemake --lint` (see .ci/lint-snakemake);
+# src/mcfl's imports: its layers (import-linter, pyproject.toml's [tool.importlinter]) and its import
+# graph's depth, cycles and function-local imports (tools/import_graph.py)
 .PHONY: lint
 lint: setup
+	$(BIN)/lint-imports
+	$(BIN)/python tools/import_graph.py --check
 	$(BIN)/snakefmt --check .
 	.ci/lint-snakemake config/config.yaml "config/femnist-sample.yaml config/femnist-sample/fedgsp.yaml" \
 	  "config/femnist-sample.yaml config/femnist-sample/authors.yaml" config/femnist-sample.yaml

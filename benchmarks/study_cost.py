@@ -1,5 +1,5 @@
 """What a whole config costs before it runs: time a few rounds of each of its runs, extrapolate
-(:func:`mcfl.probe.time_run`). ``mcfl check-config`` prints a quicker estimate from a few timed local
+(:func:`mcfl.cost.probe.time_run`). ``mcfl check-config`` prints a quicker estimate from a few timed local
 steps (:func:`mcfl.cost.estimate`); this one runs each method's real rounds on the prepared data.
 
 For every distinct run of the config's first seed (each method entry on each dataset, with its own
@@ -28,7 +28,7 @@ import torch
 
 from _common import machine
 
-from mcfl.probe import time_run
+from mcfl.cost.probe import time_run
 
 
 def main(argv=None) -> int:

@@ -33,7 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' helpers
 from _common import ROOT  # noqa: E402
 
-from mcfl import cost, workload
+from mcfl import cost
+from mcfl.cost import workload
 from mcfl.config import load_config, expand_runs
 from mcfl.trainspec import TrainSpec
 

@@ -23,7 +23,7 @@ def _recording_build(monkeypatch):
 
 
 def test_a_huge_batch_is_timed_on_a_bounded_probe_and_scaled_linearly(monkeypatch):
-    from mcfl.probe import PROBE_ROWS, measure_step, probe_rows
+    from mcfl.cost.probe import PROBE_ROWS, measure_step, probe_rows
 
     shapes = _recording_build(monkeypatch)
     step_s, sample_s = measure_step({"name": "logreg"}, (60,), 5, 10**9, "cpu", repeats=1)
@@ -68,13 +68,13 @@ def test_check_config_with_a_batch_of_a_billion_prints_an_estimate_and_one_note(
 
 
 def test_a_batch_that_does_not_fit_in_memory_is_named(tmp_path, monkeypatch):
-    from mcfl import bounds
-    from mcfl.cost import estimate
-    from mcfl.workload import DataSize
+    from mcfl.cost import estimate, memory
+    from mcfl.plan import Plan
+    from mcfl.cost.workload import DataSize
 
-    monkeypatch.setattr(bounds, "available_memory", lambda device="cpu": 1 << 20)      # 1 MB free
+    monkeypatch.setattr(memory, "available_memory", lambda device="cpu": 1 << 20)      # 1 MB free
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=10**7, n_test=50, origin="test")
-    est = estimate(validate(_own(tmp_path, batch_size=10**6)), sizes={"mine": size},
+    est = estimate(Plan(validate(_own(tmp_path, batch_size=10**6))), sizes={"mine": size},
                    timer=lambda *a: (0.01, 0.001))
     assert any("needs at least" in n and "lower train.batch_size" in n for n in est.notes)
     assert est.notes[-1] in est.summary()
@@ -102,7 +102,8 @@ def test_the_dag_s_jobs_are_what_is_costed(tmp_path):
     its job is among them, and its other jobs cost a start-up each, in the DAG's order."""
     from mcfl.cost import estimate
     from mcfl.plan import Plan
-    from mcfl.workload import DataSize
+    from mcfl.plan import Plan
+    from mcfl.cost.workload import DataSize
 
     cfg = validate(_own(tmp_path, batch_size=10))
     size = {"mine": DataSize((1, 8, 8), 10, n_clients=10, n_train=200, n_test=50, origin="test")}
@@ -113,23 +114,23 @@ def test_the_dag_s_jobs_are_what_is_costed(tmp_path):
     init = ("init_centres", {**wc, "centres": centres[-2]}, (0,))
     dag = [("prepare", {"dataset": "mine"}, ()), init,
            ("train", {**wc, "run": fesem["run_id"]}, (0, 1)), ("report", {}, (2,))]
-    every = estimate(cfg, timer=_timer, sizes=size)
+    every = estimate(Plan(cfg), timer=_timer, sizes=size)
     assert [r.label for r in every.runs] == ["FedAvg", "FeSEM(2)"] and every.runs[1].init_s > 0
-    est = estimate(cfg, timer=_timer, sizes=size, dag=dag, start_s=1.0)
+    est = estimate(Plan(cfg), timer=_timer, sizes=size, dag=dag, start_s=1.0)
     assert [r.label for r in est.runs] == ["FeSEM(2)"] and est.runs[0].init_s == every.runs[1].init_s
     assert est.scope == "the jobs Snakemake will run" and len(est.jobs) == 4
     # one core: every job one after the other, a start-up each
     assert est.wall_s(1) == pytest.approx(est.total_s + 4 * 1.0)
     # the centre file up to date: its job is not in the DAG, and the run is charged no initialisation
-    est = estimate(cfg, timer=_timer, sizes=size, dag=[dag[0], ("train", dag[2][1], (0,))], start_s=0.0)
+    est = estimate(Plan(cfg), timer=_timer, sizes=size, dag=[dag[0], ("train", dag[2][1], (0,))], start_s=0.0)
     assert est.runs[0].init_s == 0 and est.wall_s(2) == pytest.approx(est.total_s)
     # nothing to run
-    assert estimate(cfg, timer=_timer, sizes=size, dag=[]).summary() == "estimated cost: no training runs to do"
+    assert estimate(Plan(cfg), timer=_timer, sizes=size, dag=[]).summary() == "estimated cost: no training runs to do"
 
 
 def test_the_method_probe_trains_batches_of_at_most_a_client_s_samples(tmp_path):
-    from mcfl.probe import _probe_store, _probe_train
-    from mcfl.workload import DataSize
+    from mcfl.cost.probe import _probe_store, _probe_train
+    from mcfl.cost.workload import DataSize
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=1438, n_test=50, origin="test")
     data = _probe_store(tmp_path / "probe", size, n_clients=6, n_domains=2, rows=20)
@@ -171,9 +172,10 @@ def test_a_method_s_probe_round_becomes_its_step_factor_server_and_evaluation(tm
     one local epoch: 12 local steps a round. FedAvg's local training 0.24 s over 12 bare steps of
     0.01 s is a factor 2 (what the engine adds); FeSEM's 0.36 s a factor 3, its server step 0.06 s
     is 0.01 s a client. A method that fails on the probe counts as FedAvg."""
-    from mcfl import cost, probe
+    from mcfl import cost
+    from mcfl.cost import probe
     from mcfl.plan import Plan
-    from mcfl.workload import DataSize, RunCost
+    from mcfl.cost.workload import DataSize, RunCost
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=1440, n_test=50, origin="test")
     runs = list(Plan(validate(_own(tmp_path, batch_size=10))).runs.values())

@@ -28,7 +28,7 @@ def separable(tmp_path_factory):
 
 def fig4(run, store, state, out, *, projection="pca", n_clients=400, seed=0):
     """FeSEM Fig. 4 as ``mcfl figure clusters`` makes it: the snapshot, then the drawing."""
-    from mcfl.cluster.snapshot import cluster_snapshot
+    from mcfl.snapshot import cluster_snapshot
     from mcfl.report.figures import clusters_figure
 
     snap = cluster_snapshot(run, store, state, n_clients=n_clients, centres=projection == "pca", seed=seed)
@@ -51,7 +51,7 @@ def test_local_models_are_the_next_rounds_and_do_not_depend_on_the_sample(separa
     from mcfl.data import load
     from mcfl.engine import Task
     from mcfl.federation import build_federation
-    from mcfl.cluster.snapshot import local_models
+    from mcfl.snapshot import local_models
 
     store, run, out = separable
     fed = build_federation(load(store), run["model"], run["train"], run["seed"])

@@ -116,11 +116,12 @@ def test_the_estimate_charges_shared_first_local_models_once_a_seed():
     models, one is charged a pass of every client (not two: the models fit the shared file), the
     others nothing."""
     from mcfl.cost import estimate
-    from mcfl.workload import run_cost
+    from mcfl.plan import Plan
+    from mcfl.cost.workload import run_cost
 
     cfg = validate(read_configs([ROOT / "config" / "femnist-sample.yaml",
                                  ROOT / "config" / "femnist-sample" / "authors.yaml"]))
-    est = estimate(cfg, timer=lambda model, shape, classes, batch, device: (0.01 * batch, 0.001))
+    est = estimate(Plan(cfg), timer=lambda model, shape, classes, batch, device: (0.01 * batch, 0.001))
     shared = {"FeSEM(2)", "FeSEM(3)", "FeSEM(4)", "FeSEM-MA(3)", "Robust(TKM)", "HypoCluster(3)"}
     for seed in (0, 1, 2):
         charged = [r for r in est.runs if r.seed == seed and r.label in shared and r.init_s]

@@ -131,7 +131,7 @@ LOWER = ("mcfl.data", "mcfl.models", "mcfl.engine", "mcfl.executors")
 UPPER = ("mcfl.runner", "mcfl.config", "mcfl.plan", "mcfl.report", "mcfl.cli", "mcfl.select_k", "mcfl.track")
 #: what trains: the reports only read the runs' files and draw (nothing of this, even indirectly)
 TRAINING = ("mcfl.runner", "mcfl.engine", "mcfl.executors", "mcfl.federation", "mcfl.algorithms",
-            "mcfl.select_k", "mcfl.cluster.init", "mcfl.cluster.snapshot")
+            "mcfl.select_k", "mcfl.cluster.init", "mcfl.snapshot")
 
 
 def _within(module: str, roots: tuple[str, ...]) -> bool:
@@ -188,7 +188,7 @@ def test_the_import_walk_sees_function_level_imports_and_skips_type_checking_one
     g = mcfl_imports()
     assert "mcfl.data.leaf.fetch" in g["mcfl.plan.data"]          # inside PreparePlan.raw_inputs
     assert "mcfl.algorithms.fedgsp" in g["mcfl.plan.fedgsp"]       # inside FedGSPPlan.base_params
-    assert "mcfl.cluster.snapshot" not in g["mcfl.report.figures"]   # an annotation's only
+    assert "mcfl.snapshot" not in g["mcfl.report.figures"]   # an annotation's only
 
 
 def test_lower_layers_never_import_the_upper_ones():

@@ -92,7 +92,8 @@ def _costed(tmp_path, **train):
 
 def test_the_estimate_is_runs_times_rounds_times_seconds_per_round(tmp_path):
     from mcfl.cost import estimate
-    from mcfl.workload import DataSize
+    from mcfl.plan import Plan
+    from mcfl.cost.workload import DataSize
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=200, n_test=50, origin="test")
     batches = []
@@ -101,7 +102,7 @@ def test_the_estimate_is_runs_times_rounds_times_seconds_per_round(tmp_path):
         batches.append(batch)
         return batch * 0.001, 0.001
 
-    est = estimate(_costed(tmp_path), timer=timer, sizes={"mine": size}, pending=True)
+    est = estimate(Plan(_costed(tmp_path)), timer=timer, sizes={"mine": size}, pending=True)
     # by hand: 20 samples a client, batches of 10 -> 2 steps an epoch x 2 epochs = 4 steps;
     # a round: 4 clients x 4 steps x 0.01 s = 0.16 s; evaluations after rounds 2 and 3: 2 x 50 x
     # 0.001 s = 0.1 s; FeSEM's centres: 10 clients x 4 steps x 0.01 s = 0.4 s, once per seed
@@ -123,7 +124,8 @@ def test_the_estimate_is_runs_times_rounds_times_seconds_per_round(tmp_path):
 
 def test_batched_steps_are_timed_on_the_round_s_clients_at_once_and_long_studies_get_a_hint(tmp_path):
     from mcfl.cost import estimate
-    from mcfl.workload import DataSize
+    from mcfl.plan import Plan
+    from mcfl.cost.workload import DataSize
 
     size = DataSize((1, 8, 8), 10, n_clients=10, n_train=200, n_test=50, origin="test")
     batches = []
@@ -132,7 +134,7 @@ def test_batched_steps_are_timed_on_the_round_s_clients_at_once_and_long_studies
         batches.append(batch)
         return 1000.0, 0.0                                 # 1000 s per stacked step of 4 clients
 
-    est = estimate(_costed(tmp_path, executor="batched"), timer=timer, sizes={"mine": size})
+    est = estimate(Plan(_costed(tmp_path, executor="batched")), timer=timer, sizes={"mine": size})
     assert batches == [40]                                 # the 4 clients' batches stacked
     assert est.runs[0].round_s == pytest.approx(4 * 4 * 1000 / 4)
     if est.device == "cpu":
@@ -143,7 +145,7 @@ def test_batched_steps_are_timed_on_the_round_s_clients_at_once_and_long_studies
 def test_leaf_json_sizes_come_from_num_samples(tmp_path):
     import json
 
-    from mcfl.workload import data_size
+    from mcfl.cost.workload import data_size
 
     for split, counts in (("train", [30, 50]), ("test", [3, 5])):
         (tmp_path / split).mkdir()

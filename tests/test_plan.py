@@ -245,16 +245,16 @@ def test_jobs_start_longest_first_and_centres_before_the_runs_that_wait_for_them
     ("celeba_cnn", (3, 84, 84), 2, {}), ("celeba_cnn", (3, 20, 30), 2, {"channels": 8, "blocks": 3}),
     ("logreg", (60,), 5, {})])
 def test_forward_macs_counted_without_torch_match_the_built_models(name, shape, classes, kw):
-    """mcfl.workload.forward_macs (what job priorities use, from the architecture alone) against
+    """mcfl.cost.workload.forward_macs (what job priorities use, from the architecture alone) against
     the multiply-adds of the built model's Linear and convolution layers on one sample; and
     param_count (whether first local models fit one shared file) against its parameters."""
     import torch
 
     from mcfl import models
     from mcfl.executors.stack import forward_macs as counted
-    from mcfl.workload import forward_macs
+    from mcfl.cost.workload import forward_macs
 
-    from mcfl.workload import param_count
+    from mcfl.cost.workload import param_count
 
     net = models.build(name, shape, classes, **kw)
     assert forward_macs({"name": name, **kw}, shape, classes) == counted(net, torch.zeros(1, *shape))

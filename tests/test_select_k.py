@@ -8,8 +8,8 @@ import pytest
 from conftest import make_run
 from mcfl.config import ConfigError, expand_runs, validate
 from mcfl.data import load
-from mcfl.cluster.select_k import SelectK, sub_store
-from mcfl.select_k import select_k
+from mcfl.cluster.spec import SelectK
+from mcfl.select_k import select_k, sub_store
 
 
 def test_sub_store_keeps_the_chosen_clients_exactly(swapped_store, tmp_path):

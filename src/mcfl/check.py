@@ -33,6 +33,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from mcfl import methods
+from mcfl.config import ConfigError
+from mcfl.config.validate import params_of
+from mcfl.data import load, prepare
+from mcfl.federation import build_federation
+from mcfl.trainspec import FILLED
+
 #: settings that make a method cheap without changing what the checks check (applied where a method
 #: has the hyperparameter): K=2, few k-means restarts; FedCG's GCN projection through a bottleneck
 #: and a narrow domain classifier
@@ -73,18 +80,12 @@ def small_params(cls) -> dict[str, Any]:
 def kit_store() -> str:
     """The kit's federation store, prepared once per process in a temporary folder (removed when
     the process exits)."""
-    from mcfl.data import prepare
-
     folder = tempfile.mkdtemp(prefix="mcfl-check-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return str(prepare("digits", Path(folder) / "digits", clients=8, clusters=2, alpha=0.5, seed=0))
 
 
 def _federation(**train):
-    from mcfl.data import load
-    from mcfl.federation import build_federation
-    from mcfl.trainspec import FILLED
-
     return build_federation(load(kit_store()), MODEL, {**FILLED, **TRAIN, **train}, seed=0)
 
 
@@ -222,9 +223,6 @@ def check_executors(cls) -> str:
 def check_params(cls) -> str:
     """``Params()`` constructs from its defaults, and a config value of the wrong type for any
     hyperparameter is refused by config validation."""
-    from mcfl.config import ConfigError
-    from mcfl.config.validate import params_of
-
     try:
         cls.Params()
     except Exception as e:  # noqa: BLE001 - any failure is the failure this check reports
@@ -289,9 +287,7 @@ CHECKS: dict[str, Callable[[type], str]] = {
 def resolve(method) -> type:
     """An algorithm class from a config's method name (built-in, alias, ``module:Class``, entry
     point) or the class itself."""
-    from mcfl import algorithms
-
-    return algorithms.get(method) if isinstance(method, str) else method
+    return methods.get(method) if isinstance(method, str) else method
 
 
 def check_method(method, checks=None) -> list[Result]:

@@ -46,18 +46,20 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mcfl.data.store import FederatedData
 from mcfl.errors import DivergenceError  # noqa: F401 (re-exported)
 from mcfl.precision import PRECISIONS, autocast, bf16_supported, numerics
 from mcfl.streams import derive_seed  # noqa: F401 (re-exported)
 from mcfl.trainspec import DEFAULTS, TrainSpec
+
+if TYPE_CHECKING:                      # annotations only: no import of the layer above
+    from mcfl.data.store import FederatedData
 
 
 log = logging.getLogger("mcfl")

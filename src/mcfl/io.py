@@ -23,6 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from mcfl.inputs import MAX_JSON_BYTES, InputError, check_regular, present, read_limited
+from mcfl.paths import plain_name
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, is_dir: bool = False,
@@ -217,8 +220,6 @@ def load_tensors(path: str | os.PathLike, what: str, map_location: Any = "cpu") 
 
     import warnings
 
-    from mcfl.inputs import check_regular
-
     if os.path.lexists(path):                   # absent: torch.load's FileNotFoundError, as before
         check_regular(path, "regular file")
     try:
@@ -352,8 +353,6 @@ def read_run(run_dir: str | os.PathLike, *, history: bool = False, predictions: 
     ``assignments.csv``; absent for unclustered methods): the one reader of run directories for
     every report. ``need``: the keys the caller reads (``final.micro_acc`` for a key of ``final``);
     a run without one is a one-line ValueError naming its metrics.json and the key."""
-    from mcfl.inputs import InputError, check_regular, present
-
     d = Path(run_dir)
     m = read_metrics(d / "metrics.json")
     for key in need:
@@ -386,16 +385,11 @@ def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
     present) are plain names (:func:`mcfl.paths.plain_name`); otherwise a one-line ValueError
     naming the file (a truncated or binary file, a ``dataset`` of ``../../x``). Read with a byte
     limit, regular files only (:func:`mcfl.inputs.read_limited`)."""
-    from mcfl.inputs import MAX_JSON_BYTES, read_limited
-
     return parse_metrics(read_limited(path, MAX_JSON_BYTES, what="run's metrics.json"), path)
 
 
 def parse_metrics(raw: bytes, path: str | os.PathLike) -> dict[str, Any]:
     """:func:`read_metrics` of the bytes ``raw`` read from ``path``."""
-    from mcfl.inputs import InputError
-    from mcfl.paths import plain_name
-
     try:
         m = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:

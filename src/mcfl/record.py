@@ -17,6 +17,7 @@ from mcfl.io import OUTPUTS, parse_metrics, read_csv
 from mcfl.track import (VIEW_KEY, MLflowTracker, _client, _ms, _retry, check_server, differing_settings,
                         experiment_id, store_lock, tracking_uri)
 from mcfl.tracked_runs import UI_PAGE
+from mcfl.timing import COLUMNS
 
 log = logging.getLogger("mcfl")
 
@@ -41,8 +42,6 @@ def record_finished(run_dirs: Iterable[str | Path], experiment: str) -> list[tup
 
 def _round_times(rows: list[dict], start_s: float) -> list[int]:
     """Each history row's end, in ms since the epoch: ``start_s`` plus the round times so far."""
-    from mcfl.timing import COLUMNS
-
     out, t = [], start_s
     for row in rows:
         t += sum(float(row.get(c, 0.0) or 0.0) for c in COLUMNS)
@@ -72,8 +71,6 @@ def _history(path: Path) -> list[dict]:
     columns are metrics, which are recorded where they are numbers, and ``diverged``'s text);
     otherwise a ValueError naming the file, the column and the value."""
     import pandas as pd
-
-    from mcfl.timing import COLUMNS
 
     h = read_csv(path)
     if "round" not in h:

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from mcfl import algorithms
-from mcfl.bounds import check_run
+from mcfl.cost.memory import check_run
 from mcfl.checkpoints import checkpoint_owner, refuse_foreign_checkpoint
 from mcfl.data.store import StoreError, load, warn_untested
 from mcfl.divergence import COLUMN as DIVERGED, DivergenceWatch, summary as divergence_summary
@@ -375,8 +375,6 @@ def _check_finite(row: dict, rnd: int) -> None:
 
 def _warn_diverged(run: dict, rnd: int, why: str, rows: list[dict]) -> None:
     """The log's line for a flagged round: the first in full, later ones briefly."""
-    from mcfl.errors import REMEDY
-
     who = f"{run['dataset']} {run['label']} seed {run['seed']}"
     if any(r.get(DIVERGED) for r in rows):
         log.warning("%s: round %d: loss still far above its best (%s)", who, rnd, why)

@@ -17,8 +17,8 @@ in every round, through the ordinary runner (centre initialisation included). It
 
 Ties go to the smaller K. The result (chosen K, every candidate's scores, the sampled clients) is a
 JSON file; the Snakemake rule ``select_k`` writes it and training reads the K from it
-(``mcfl train --k-from``). The settings, the sub-store and the result file are in
-:mod:`mcfl.cluster.select_k`.
+(``mcfl train --k-from``, :func:`read_k`); :func:`write_select_k_report` tabulates the results. The
+settings (:class:`~mcfl.cluster.spec.SelectK`) are validated with the config.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mcfl.cluster.select_k import SelectK, sub_store
+from mcfl.cluster.spec import SelectK
 from mcfl.data.store import load
-from mcfl.io import write_json
+from mcfl.data.write import write_arrays
+from mcfl.inputs import InputError, read_json
+from mcfl.io import atomic_path, staged, write_json, write_text
 from mcfl.runner import train
 from mcfl.streams import SELECT_K, derive_seed
 
@@ -67,3 +69,52 @@ def select_k(run: dict, store, out, *, device: str = "auto", threads: int = 1) -
               "scores": scores, "clients": chosen.tolist()}
     write_json(out, result)
     return result
+
+
+def sub_store(data, clients: np.ndarray, out: Path) -> Path:
+    """A store holding only ``clients`` of ``data`` (in that order)."""
+    arrays: dict[str, np.ndarray] = {"cluster": np.asarray(data.cluster)[clients]}
+    for split in ("train", "test"):
+        off = np.asarray(getattr(data, f"offsets_{split}"))
+        rows = np.concatenate([np.arange(off[c], off[c + 1]) for c in clients])
+        arrays[f"x_{split}"] = np.asarray(getattr(data, f"x_{split}")[rows])
+        arrays[f"y_{split}"] = np.asarray(getattr(data, f"y_{split}")[rows])
+        arrays[f"offsets_{split}"] = np.concatenate([[0], np.cumsum(off[clients + 1] - off[clients])])
+    meta = {k: v for k, v in data.meta.items() if k not in ("files", "content_hash")}
+    meta.update(client_ids=[data.client_ids[c] for c in clients], n_clients=len(clients),
+                n_train=int(arrays["offsets_train"][-1]), n_test=int(arrays["offsets_test"][-1]),
+                params={**meta.get("params", {}), "subset_of": data.content_hash})
+    return write_arrays(out, arrays, meta)
+
+
+def read_k(path) -> int:
+    try:
+        return int(read_json(path, what="select-k result")["K"])
+    except InputError as e:                     # not JSON, not a regular file, too large
+        raise ValueError(f"{path}: not a select-k result ({str(e).removeprefix(f'{path}: ')}); rerun "
+                         f"the select_k rule") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a select-k result ({type(e).__name__}: {e}); rerun the "
+                         f"select_k rule") from None
+
+
+def write_select_k_report(files: list[Path], out: Path) -> None:
+    """``select_k.csv`` (one row per search and candidate K) and ``select_k.md`` (chosen K per
+    dataset, label and seed, with every candidate's micro accuracy)."""
+    import pandas as pd                      # (only for this report)
+
+    results = [read_json(f, what="select-k result") for f in files]
+    rows = [{"dataset": r["dataset"], "label": r["label"], "seed": r["seed"],
+             "criterion": r["settings"]["criterion"], "chosen_K": r["K"], **s} for r in results
+            for s in r["scores"]]
+    lines = ["# K selection (FeSEM §5.2)", "",
+             "| dataset | method | seed | criterion | chosen K | micro acc (%) per candidate K |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        cand = ", ".join(f"K={s['K']}: {100 * s['micro_acc']:.1f}" for s in r["scores"])
+        lines.append(f"| {r['dataset']} | {r['label']} | {r['seed']} | {r['settings']['criterion']} | "
+                     f"{r['K']} | {cand} |")
+    with staged(out) as stage:          # both files or neither (mcfl.io.staged)
+        with atomic_path(stage / "select_k.csv") as tmp:
+            pd.DataFrame(rows).to_csv(tmp, index=False)
+        write_text(stage / "select_k.md", "\n".join(lines) + "\n")

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import time
 from functools import wraps
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 #: seconds per round: local training, the rest of the round (server side), evaluation (0 if none)
 COLUMNS = ("local_s", "aggregate_s", "eval_s")
@@ -26,7 +28,7 @@ class LocalClock:
         self.seconds = 0.0
         self._depth = 0
         self._start = 0.0
-        self._cuda = torch.device(device).type == "cuda"
+        self._cuda = str(device).startswith("cuda")
         for name in ("train", "gradient"):
             setattr(trainer, name, self._timed(getattr(trainer, name)))
         run = trainer.run
@@ -37,6 +39,8 @@ class LocalClock:
 
     def sync(self) -> None:
         if self._cuda:
+            import torch        # (loaded already: the run trains on CUDA)
+
             torch.cuda.synchronize()
 
     def __enter__(self):

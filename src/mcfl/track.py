@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from mcfl import methods
 from mcfl.track_store import TrackingError, create_sqlite_store, quiet_mlflow, refuse_directory
 from mcfl.tracked_runs import DURATION_COLUMN, RUN_DIR_TAG, run_dir_key, supersede_older_runs, with_percent
 
@@ -285,14 +286,12 @@ def _ms(seconds: float | None) -> int | None:
 
 
 def method_origin(method: str) -> str:
-    """Where a run's method comes from (``mcfl.algorithms.origin``: built-in, its ``module:Class``,
+    """Where a run's method comes from (``mcfl.methods.origin``: built-in, its ``module:Class``,
     or its entry point with the distribution's name and version), for the run's ``method_origin``
     tag; a method that no longer resolves is recorded as such."""
-    from mcfl import algorithms
-
     try:
-        return algorithms.origin(method)
-    except algorithms.MethodError as e:
+        return methods.origin(method)
+    except methods.MethodError as e:
         return f"unresolved: {e}"[:500]
 
 

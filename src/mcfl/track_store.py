@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from mcfl.io import atomic_path
+
 log = logging.getLogger("mcfl")
 
 
@@ -56,8 +58,6 @@ def create_sqlite_store(uri: str) -> None:
         return
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
     from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store
-
-    from mcfl.io import atomic_path
 
     with atomic_path(path) as tmp:
         tmp_uri = f"sqlite:///{tmp}"

@@ -73,7 +73,7 @@ onstart:
     try:
         from mcfl.cost import estimate
 
-        print(estimate(config, dag=dag_jobs(workflow.dag)).summary(cores=workflow._cores, detail=False), flush=True)
+        print(estimate(P, dag=dag_jobs(workflow.dag)).summary(cores=workflow._cores, detail=False), flush=True)
     except Exception as e:  # noqa: BLE001 - an estimate never stops the workflow
         print(f"(no cost estimate: {e})")
     if config["tracking"]:

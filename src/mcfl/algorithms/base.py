@@ -36,14 +36,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 import numpy as np
 import torch
 
 from mcfl.aggregate import WeightedSum, sq_distances, weighted_mean  # noqa: F401 (re-export)
 from mcfl.cluster.init import initial_centres
-from mcfl.federation import Federation
+
+if TYPE_CHECKING:                      # annotations only: no import of the layer above
+    from mcfl.federation import Federation
 
 
 @dataclass

@@ -45,11 +45,10 @@ import torch
 
 from mcfl.aggregate import WeightedSum
 from mcfl.algorithms.base import Algorithm
-from mcfl.cluster.icg import icg_groups, random_groups
+from mcfl.cluster.icg import class_counts, group_counts, icg_groups, pairwise_cpd, random_groups
 from mcfl.engine import Task
 from mcfl.streams import GSP_GROUPING as GROUPING
 from mcfl.streams import GSP_SAMPLING as SAMPLING
-from mcfl.fedgsp.metrics import class_counts, group_counts, pairwise_cpd
 
 GROWTH = ("linear", "log", "exp", "fixed")
 _EPS = 1e-9                        # floor() guard against alpha*(r-1) landing a hair below an integer

@@ -75,9 +75,10 @@ def _cmd_check_config(a) -> int:
         print(f"  {r['dataset']:<12} {r['label']:<14} seed {r['seed']}")
     if a.estimate:
         from mcfl.cost import duration, estimate
+        from mcfl.plan import Plan
 
         try:
-            est = estimate(cfg)
+            est = estimate(Plan(cfg))
         except (ValueError, RuntimeError, OSError) as e:    # the config is valid: say why, go on
             print(f"(no cost estimate: {' '.join(str(e).split())})")
             return 0
@@ -140,7 +141,7 @@ def _federation_for(run: dict, store: str, device: str, threads: int, inputs=Non
     from mcfl.federation import build_federation, resolve_device
     from mcfl.runner import configure_torch
 
-    from mcfl.bounds import check_run
+    from mcfl.cost.memory import check_run
 
     dev = resolve_device(device)
     configure_torch(dev, threads)
@@ -181,7 +182,7 @@ def _cmd_init_centres(a) -> int:
     if spec["K"] == "auto":
         if not a.k_from:
             raise ValueError("K is 'auto'; pass --k-from with the select-k result")
-        from mcfl.cluster.select_k import read_k
+        from mcfl.select_k import read_k
 
         spec["K"] = read_k(a.k_from)
     fed = _federation_for(spec, a.store, a.device, a.threads)
@@ -240,7 +241,7 @@ def _resolve_k(run: dict, k_from: str | None) -> dict:
         return run
     if not k_from:
         raise ValueError(f"{run['label']}: K is 'auto'; pass --k-from with the select-k result")
-    from mcfl.cluster.select_k import read_k
+    from mcfl.select_k import read_k
 
     return dict(run, params={**run["params"], "K": read_k(k_from)})
 
@@ -313,7 +314,7 @@ def _cmd_report_writers(a) -> int:
 
 
 def _cmd_report_select_k(a) -> int:
-    from mcfl.cluster.select_k import write_select_k_report
+    from mcfl.select_k import write_select_k_report
 
     write_select_k_report([Path(p) for p in a.files], Path(a.out))
     return 0
@@ -325,7 +326,7 @@ def _cmd_figure(a) -> int:
     if a.figure == "clusters":
         from mcfl.config import parse_run
 
-        from mcfl.cluster.snapshot import cluster_snapshot
+        from mcfl.snapshot import cluster_snapshot
 
         run = parse_run(a.run)
         dev = _federation_device(a.device, a.threads)

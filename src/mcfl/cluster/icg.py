@@ -162,3 +162,52 @@ def random_groups(n_clients: int, f: int, rng: np.random.Generator, rounding: st
     group = np.empty(n_clients, dtype=np.int64)
     group[rng.permutation(n_clients)] = np.arange(n_clients) % n_groups
     return group
+
+
+# ------------------------------------------------------------------------------------------ CPD
+# The class probability distance of FedGSP (Zeng et al., DASFAA 2022, §4.1, Eq. 14): the squared MMD
+# with a Gaussian RBF kernel between two normalised class distributions (the closed form and its
+# use as a metric: :mod:`mcfl.fedgsp.metrics`).
+def class_counts(labels: np.ndarray, offsets: np.ndarray, n_classes: int) -> np.ndarray:
+    """(K, F) class-count matrix V^T from flat labels and per-client offsets."""
+    owner = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    V = np.zeros((len(offsets) - 1, n_classes), dtype=np.int64)
+    np.add.at(V, (owner, np.asarray(labels, dtype=np.int64)), 1)
+    return V
+
+
+def _kernel(n_classes: int, sigma: float) -> np.ndarray:
+    from sklearn.metrics.pairwise import rbf_kernel
+
+    return rbf_kernel(np.eye(n_classes), gamma=1.0 / (2.0 * sigma ** 2))
+
+
+def _normalise(V: np.ndarray) -> np.ndarray:
+    V = np.asarray(V, dtype=np.float64)
+    s = V.sum(-1, keepdims=True)
+    if np.any(s <= 0):
+        raise ValueError("a class distribution with no samples cannot be normalised")
+    return V / s
+
+
+def cpd(v1: np.ndarray, v2: np.ndarray, sigma: float = 1.0) -> float:
+    """Eq. 14: squared MMD (Gaussian RBF kernel) between two class-count (or probability) vectors."""
+    d = _normalise(v1) - _normalise(v2)
+    return float(d @ _kernel(len(d), sigma) @ d)
+
+
+def pairwise_cpd(V: np.ndarray, sigma: float = 1.0) -> np.ndarray:
+    """CPD of every pair i < j of the rows of ``V`` (group or client class counts), flattened."""
+    P = _normalise(V)
+    G = P @ _kernel(P.shape[1], sigma) @ P.T
+    d = np.diag(G)
+    i, j = np.triu_indices(len(P), k=1)
+    return np.maximum(d[i] + d[j] - 2.0 * G[i, j], 0.0)
+
+
+def group_counts(V: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Class counts of every group (Eq. 8): row m = sum of its members' rows of ``V``."""
+    group = np.asarray(group)
+    out = np.zeros((int(group.max()) + 1, V.shape[1]), dtype=np.float64)
+    np.add.at(out, group, V)
+    return out

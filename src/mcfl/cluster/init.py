@@ -40,16 +40,19 @@ from __future__ import annotations
 import io
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mcfl.aggregate import WeightedSum
-from mcfl.cluster.spec import centre_options
+from mcfl.cluster.spec import KEEP_BYTES, centre_options
 from mcfl.engine import Task
-from mcfl.federation import Federation
 from mcfl.io import write_bytes
 from mcfl.streams import KMEANS, SKETCH, derive_seed
+
+if TYPE_CHECKING:                      # annotations only: no import of the layer above
+    from mcfl.federation import Federation
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +117,7 @@ def first_local_models(fed: Federation, start: torch.Tensor | None = None, rnd: 
 
 def init_centres(fed: Federation, K: int, *, restarts: int = 20, distance: str = "all",
                  weighted: bool = False, method: str = "kmeans", projection: int | None = None,
-                 keep_bytes: int = 256 << 20, start: torch.Tensor | None = None,
+                 keep_bytes: int = KEEP_BYTES, start: torch.Tensor | None = None,
                  rnd: int = INIT_ROUND, progress: bool = False,
                  models: torch.Tensor | None = None) -> Centres:
     """Initial centres from the clients' first local models (see the module docstring);

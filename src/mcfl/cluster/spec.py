@@ -1,4 +1,5 @@
-"""What a clustered run's initial centres depend on, and the file they are shared in.
+"""What a clustered run's initial centres depend on, the file they are shared in, and the
+settings of a ``K: auto`` run's search for K (:mod:`mcfl.select_k`).
 
 Light (no torch): the workflow reads it while planning. :mod:`mcfl.cluster.init` computes the
 centres with the options :func:`centre_options` names.
@@ -6,8 +7,14 @@ centres with the options :func:`centre_options` names.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from mcfl.io import config_hash
 from mcfl.trainspec import TrainSpec
+
+#: the bytes within which the centre initialisation keeps the clients' first local models (beyond,
+#: it trains them again: :func:`mcfl.cluster.init.init_centres`' ``keep_bytes``)
+KEEP_BYTES = 256 << 20
 
 
 def centre_options(params) -> dict:
@@ -48,3 +55,22 @@ def centre_key(run: dict) -> str:
         return run["run_id"]
     spec = centre_spec(run)
     return f"K{spec['K']}-{config_hash(spec)[:8]}"
+
+
+@dataclass
+class SelectK:
+    K: list[int] = field(default_factory=lambda: [2, 3, 4, 5])
+    clients: int = 100
+    rounds: int = 3
+    criterion: str = "accuracy"      # accuracy | distance
+
+    def __post_init__(self):
+        if self.criterion not in ("accuracy", "distance"):
+            raise ValueError(f"criterion must be 'accuracy' or 'distance', got {self.criterion!r}")
+        if not self.K or any(not isinstance(k, int) or k < 1 for k in self.K):
+            raise ValueError(f"K must be a non-empty list of positive integers, got {self.K!r}")
+
+
+def select_k_settings(entry: dict) -> SelectK:
+    """The ``select_k`` block of a ``K: auto`` method entry, with its defaults."""
+    return SelectK(**entry.get("select_k", {}))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mcfl import methods
 from mcfl.config.files import ConfigError, _path
-from mcfl.config.validate import _check_kwargs, _check_numbers, _schema, method_params
+from mcfl.config.validate import _check_kwargs, _check_numbers, _schema, method_params, model_zoo
 from mcfl.paths import plain_name
 
 RUN_KEYS = ("dataset", "method", "label", "run_id", "seed", "params", "model", "train")
@@ -23,8 +24,6 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool | tuple[str, ...]
 
     import jsonschema
     from jsonschema.exceptions import best_match
-
-    from mcfl import algorithms
 
     try:
         run = json.loads(text)
@@ -62,8 +61,8 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool | tuple[str, ...]
             raise ConfigError("train.rounds: missing")
         if keys is RUN_KEYS and run["params"].get("K") != "auto":
             try:
-                algorithms.get(run["method"])
-            except algorithms.MethodError as e:
+                methods.get(run["method"])
+            except methods.MethodError as e:
                 raise ConfigError(f"method: {e}") from None
             entry = {"method": run["method"], **{k: v for k, v in run["params"].items() if k != "K"}}
             method_params(entry, "params", run["params"].get("K"))
@@ -76,10 +75,8 @@ def parse_run(text: str, *, flag: str = "--run", spec_ok: bool | tuple[str, ...]
 
 def _check_model(model: dict) -> None:
     """A run's ``model``: a known builder's ``name`` and that builder's keyword arguments."""
-    from mcfl import models
-
     name = model.get("name")
-    if not isinstance(name, str) or name not in models.MODELS:
+    if not isinstance(name, str) or name not in model_zoo():
         raise ConfigError(f"model.name: {name!r:.40} is not allowed; known models: "
-                          f"{', '.join(sorted(models.MODELS))}")
-    _check_kwargs("model", models.MODELS[name], model, skip=("name",))
+                          f"{', '.join(sorted(model_zoo()))}")
+    _check_kwargs("model", model_zoo()[name], model, skip=("name",))

@@ -24,9 +24,15 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from mcfl import methods
+from mcfl.cluster.spec import select_k_settings
 from mcfl.config.files import MAX_DEPTH, MAX_RUNS, ConfigError, _path
+from mcfl.data import SOURCES, source_fn
+from mcfl.data.repartition import label as partition_label
+from mcfl.data.repartition import resolve
 from mcfl.paths import plain_name
 from mcfl.replication import ReplicationError, add_draws
+from mcfl.trainspec import read_schema
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schema" / "config.schema.yaml"
 
@@ -83,17 +89,19 @@ def _check_numbers(node: Any, parts: list) -> None:
         raise ConfigError(f"{_path(parts)}: {node} is not allowed: larger than {SIZE_LIMIT:.0e}")
 
 
+def model_zoo() -> dict:
+    """The model builders by name (:data:`mcfl.models.MODELS`)."""
+    from mcfl import models     # deferred: PyTorch, which checking a config needs nowhere else
+
+    return models.MODELS
+
+
 def _schema() -> dict:
-    from mcfl import models
-    from mcfl.data import SOURCES
-
-    from mcfl.trainspec import read_schema
-
     schema = read_schema()
-    schema["$defs"]["method"]["properties"]["model"]["properties"]["name"]["enum"] = sorted(models.MODELS)
+    schema["$defs"]["method"]["properties"]["model"]["properties"]["name"]["enum"] = sorted(model_zoo())
     ds = schema["properties"]["datasets"]["additionalProperties"]["properties"]
     ds["prepare"]["properties"]["source"]["enum"] = sorted(SOURCES)
-    ds["model"]["properties"]["name"]["enum"] = sorted(models.MODELS)
+    ds["model"]["properties"]["name"]["enum"] = sorted(model_zoo())
     return schema
 
 
@@ -189,12 +197,10 @@ def _check_kwargs(where: str, fn, kwargs: dict, skip: tuple[str, ...] = ()) -> N
 
 def method_params(entry: dict, where: str, K: int | None = None):
     """Build the algorithm's Params from a method entry (type- and value-checked)."""
-    from mcfl import algorithms
-
     try:
-        cls = algorithms.get(entry["method"])
-        name = algorithms.plain_name(entry["method"])
-    except algorithms.MethodError as e:
+        cls = methods.get(entry["method"])
+        name = methods.plain_name(entry["method"])
+    except methods.MethodError as e:
         raise ConfigError(f"{where}.method: {e}") from None
     return params_of(cls, name, entry, where, K)
 
@@ -204,7 +210,7 @@ def params_of(cls, name: str, entry: dict, where: str, K: int | None = None):
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
     kw = {k: v for k, v in entry.items()
           if k not in ("method", "name", "label", "train", "model", "K", "select_k", "datasets", "seeds")}
-    if K == "auto":                     # chosen later by the select_k rule (mcfl.cluster.select_k)
+    if K == "auto":                     # chosen later by the select_k rule (mcfl.select_k)
         if not hasattr(cls.Params(), "K"):
             raise ConfigError(f"{where}.K: {name} does not take K, so K cannot be 'auto'")
     elif K is not None:
@@ -239,9 +245,6 @@ def validate(cfg: dict, source: str = "config") -> dict:
 def _validate(cfg: dict, source: str) -> dict:
     import jsonschema
     from jsonschema.exceptions import best_match
-
-    from mcfl import models
-    from mcfl.data import source_fn
 
     schema = _schema()
     if not isinstance(cfg, dict):
@@ -278,7 +281,7 @@ def _validate(cfg: dict, source: str) -> dict:
             except ValueError as e:
                 raise ConfigError(f"{source}: datasets.{name}.prepare: {e}") from None
         _check_partition(name, ds.get("partition"))
-        _check_kwargs(f"datasets.{name}.model", models.MODELS[ds["model"]["name"]],
+        _check_kwargs(f"datasets.{name}.model", model_zoo()[ds["model"]["name"]],
                       ds["model"], skip=("name",))
     for i, entry in enumerate(cfg["methods"]):
         unknown = [d for d in entry.get("datasets", []) if d not in cfg["datasets"]]
@@ -286,7 +289,7 @@ def _validate(cfg: dict, source: str) -> dict:
             raise ConfigError(f"{source}: methods[{i}].datasets: unknown dataset {unknown[0]!r}; "
                               f"known: {', '.join(cfg['datasets'])}")
         if "model" in entry:
-            _check_kwargs(f"methods[{i}].model", models.MODELS[entry["model"]["name"]], entry["model"],
+            _check_kwargs(f"methods[{i}].model", model_zoo()[entry["model"]["name"]], entry["model"],
                           skip=("name",))
         other = [s for s in entry.get("seeds", []) if s not in cfg["seeds"]]
         if other:
@@ -302,8 +305,6 @@ def _validate(cfg: dict, source: str) -> dict:
             if "select_k" in entry and K != "auto":
                 raise ConfigError(f"{source}: methods[{i}].select_k: only used with K: auto")
             if K == "auto":
-                from mcfl.cluster.select_k import select_k_settings
-
                 try:
                     sk = select_k_settings(entry)
                 except (TypeError, ValueError) as e:
@@ -327,14 +328,12 @@ def _validate(cfg: dict, source: str) -> dict:
                                   f"number of clients of dataset {name!r} ({n} clients); use null "
                                   f"for all clients")
     runs = expand_runs(cfg)
-    from mcfl import algorithms
-
     for r in runs:                                      # per-cluster sampling: clustered methods only
         c = r["train"].get("clients_per_cluster")
         if not c:
             continue
         where = f"methods: {r['label']} on {r['dataset']}: train.clients_per_cluster"
-        if not algorithms.get(r["method"]).clustered:
+        if not methods.get(r["method"]).clustered:
             raise ConfigError(f"{source}: {where}: {r['method']} has no clusters to sample from; use "
                               f"clients_per_round")
         if r["train"].get("clients_per_round") is not None:
@@ -371,8 +370,6 @@ def _validate(cfg: dict, source: str) -> dict:
 
 
 def _check_partition(name: str, block: dict | None) -> None:
-    from mcfl.data.repartition import resolve
-
     try:
         r = resolve(block)
     except ValueError as e:
@@ -396,19 +393,16 @@ def n_clients(ds: dict) -> int | None:
 
 def expand_runs(cfg: dict) -> list[dict[str, Any]]:
     """One run dict per (dataset, method entry, K, seed), in config order."""
-    from mcfl import algorithms
-    from mcfl.data.repartition import label as partition_label
-
     runs = []
     for dname, ds in cfg["datasets"].items():
         for i, entry in enumerate(cfg["methods"]):
             if dname not in entry.get("datasets", [dname]):
                 continue
-            cls = algorithms.get(entry["method"])
+            cls = methods.get(entry["method"])
             Ks = entry.get("K")
             for K in (Ks if isinstance(Ks, list) else [Ks]):
                 params = dataclasses.asdict(method_params(entry, f"methods[{i}]", K))
-                base = entry.get("name", algorithms.plain_name(entry["method"]))
+                base = entry.get("name", methods.plain_name(entry["method"]))
                 if K == "auto":
                     params["K"] = "auto"
                 k = params.get("K") if cls.clustered else None
@@ -421,7 +415,7 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
                     raise ConfigError(f"methods[{i}].warmup: {params['warmup']} warm-up rounds leave none "
                                       f"of {dname}'s {train['rounds']} rounds to the K clusters; use fewer")
                 for seed in entry.get("seeds", cfg["seeds"]):
-                    runs.append({"dataset": dname, "method": algorithms.canonical(entry["method"]), "label": label,
+                    runs.append({"dataset": dname, "method": methods.canonical(entry["method"]), "label": label,
                                  "run_id": run_id, "seed": int(seed), "params": params,
                                  "model": dict(entry.get("model", ds["model"])), "train": train,
                                  "data": dict(ds["prepare"]), "experiment": cfg["experiment"],
@@ -433,6 +427,4 @@ def expand_runs(cfg: dict) -> list[dict[str, Any]]:
 
 
 def _select_k(entry: dict) -> dict:
-    from mcfl.cluster.select_k import select_k_settings
-
     return dataclasses.asdict(select_k_settings(entry))

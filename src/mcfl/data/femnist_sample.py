@@ -35,8 +35,10 @@ from typing import Literal
 
 import numpy as np
 
-from mcfl.data.store import ClientData
+from mcfl.data.leaf.leafjson import make_leaf_json
+from mcfl.data.store import ClientData, load
 from mcfl.data.write import write_store
+from mcfl.io import atomic_path
 
 EMBEDDED = Path(__file__).parent / "embedded"
 N_CLASSES = 62
@@ -72,10 +74,6 @@ def make_femnist_sample(out: str | Path, *, run: Literal["leaf-torch", "flic"] =
 def build(sample_dir: str | Path) -> list[Path]:
     """Pack each run's LEAF folder (read by the ``leaf_json`` source) into ``embedded/``."""
     import tempfile
-
-    from mcfl.data import load
-    from mcfl.data.leaf.leafjson import make_leaf_json
-    from mcfl.io import atomic_path
 
     written = []
     for run in RUNS:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from mcfl.cluster.spec import centre_key, centre_spec, first_models_key, first_models_spec
+from mcfl.cost.workload import data_size, forward_macs, param_count, run_cost, train_defaults
 from mcfl.io import canonical_json
 from mcfl.plan.runs import RUN_PATTERN, run_key
 
@@ -96,8 +97,6 @@ class TrainPlan:
         Robust(3) ... of one seed) where one ``first_models`` job pays: two or more such files, the
         models within :data:`FIRST_MODELS_BYTES`, and their training at least
         :data:`FIRST_MODELS_MIN_WORK`. Every other centre file trains its clients itself."""
-        from mcfl.workload import param_count
-
         groups: dict[tuple, list[dict]] = {}
         for (d, _, s), run in self.plan.inits.items():
             if not run.get("select_k"):          # K: auto: its own file, after its K selection
@@ -230,14 +229,12 @@ class TrainPlan:
     def _work(self) -> dict[tuple, tuple[float, float]]:
         """Each run's work, keyed like ``plan.runs``: (local training and evaluation, centre
         initialisation) in millions of multiply-adds. The arithmetic of
-        :func:`mcfl.workload.run_cost` with a local step counted as three forward passes of its
+        :func:`mcfl.cost.workload.run_cost` with a local step counted as three forward passes of its
         batch (forward, input and weight gradients) and a test sample as one, each of the model's
-        multiply-adds (:func:`mcfl.workload.forward_macs`; one for a model it does not know). Nothing
+        multiply-adds (:func:`mcfl.cost.workload.forward_macs`; one for a model it does not know). Nothing
         is measured and nothing imports torch: every workflow invocation computes it, dry runs
         included. What a method adds to local training (FedCG's graph, FedDane's gradient pass) and
         its server step are not counted; one pass of centre initialisation."""
-        from mcfl.workload import forward_macs, run_cost, train_defaults
-
         defaults, out = train_defaults(), {}
         for key, run in self.runs.items():
             size = self._sizes[run["dataset"]]
@@ -249,9 +246,7 @@ class TrainPlan:
 
     @functools.cached_property
     def _sizes(self) -> dict:
-        """Each dataset's sizes (:func:`mcfl.workload.data_size`), for the runs that train on it."""
-        from mcfl.workload import data_size
-
+        """Each dataset's sizes (:func:`mcfl.cost.workload.data_size`), for the runs that train on it."""
         names = dict.fromkeys(run["dataset"] for run in self.runs.values())
         return {name: data_size(self.plan.datasets[name], Path(self.plan.store(name)),
                                 Path(self.plan.raw_store(name))) for name in names}

@@ -2,7 +2,7 @@
 
 **Fig. 4, clustering analysis** (:func:`clusters_figure`). The paper plots "each device's local model
 as one point in the 2D space after PCA" for 400 random devices, with FeSEM(4). FeSEM keeps centres,
-not local models: :mod:`mcfl.cluster.snapshot` recomputes the sampled clients' local models from the
+not local models: :mod:`mcfl.snapshot` recomputes the sampled clients' local models from the
 run's final state (the next round's, exactly), and this module draws them. Points are coloured by the run's final cluster and, in a second panel, by the true cluster where the
 data have one (colours of true clusters matched to FeSEM's clusters by the Hungarian method, so equal
 colours mean matched clusters). PCA by default, t-SNE (after PCA to 50 dimensions) as an option, both
@@ -33,7 +33,7 @@ from mcfl.data.store import load
 from mcfl.io import atomic_path
 
 if TYPE_CHECKING:
-    from mcfl.cluster.snapshot import ClusterSnapshot
+    from mcfl.snapshot import ClusterSnapshot
 
 
 
@@ -106,7 +106,7 @@ def _spread(feats: np.ndarray, assign: np.ndarray, centres: dict) -> float | Non
 
 def clusters_figure(snap: ClusterSnapshot, out: str | Path, *, projection: str = "pca",
                     seed: int = 0) -> str:
-    """FeSEM Fig. 4 of a clustered run's local models (:func:`mcfl.cluster.snapshot.cluster_snapshot`);
+    """FeSEM Fig. 4 of a clustered run's local models (:func:`mcfl.snapshot.cluster_snapshot`);
     writes ``out`` (PNG) and ``out`` with suffix .csv."""
     from sklearn.metrics import adjusted_rand_score
 

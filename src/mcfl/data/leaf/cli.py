@@ -10,11 +10,13 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+from mcfl.data import SOURCES, load, prepare, source_fn
+from mcfl.data.leaf.fetch import expected_md5, fetch
+from mcfl.data.leaf.leafjson import export_leaf
+
 
 def leaf_sources() -> dict:
     """Source name -> function, for the sources that have raw files to download."""
-    from mcfl.data import SOURCES, source_fn
-
     return {n: source_fn(n) for n in SOURCES if hasattr(source_fn(n), "raw_files")}
 
 
@@ -48,8 +50,6 @@ def _download_options(p) -> None:
 
 
 def _cmd_download(a) -> int:
-    from mcfl.data.leaf.fetch import expected_md5, fetch
-
     fn = leaf_sources()[a.source]
     if Path(a.out).exists() and not Path(a.out).is_dir():
         raise ValueError(f"--out {a.out}: exists and is not a directory (the raw files go in it)")
@@ -67,8 +67,6 @@ def _cmd_download(a) -> int:
 
 
 def _cmd_import_leaf(a) -> int:
-    from mcfl.data import load, prepare
-
     params = {k: v for k, v in (("images", a.images), ("n_classes", a.n_classes)) if v is not None}
     d = load(prepare("leaf_json", a.out, dir=a.dir, **params))
     print(f"{a.out}: {d.n_clients} clients, {d.meta['n_train']} train / {d.meta['n_test']} test "
@@ -77,8 +75,6 @@ def _cmd_import_leaf(a) -> int:
 
 
 def _cmd_export_leaf(a) -> int:
-    from mcfl.data.leaf.leafjson import export_leaf
-
     print(f"{export_leaf(a.store, a.out)}: LEAF JSON written (all_data/, train/, test/)")
     return 0
 

@@ -46,6 +46,7 @@ import numpy as np
 from annotated_types import Ge
 
 from mcfl.data.leaf import DataSourceError
+from mcfl.data.leaf.archive import Archive
 from mcfl.data.store import MAX_CLASSES, ClientData, StoreError, load
 from mcfl.data.write import write_store
 from mcfl.inputs import InputError, check_regular, read_limited
@@ -339,8 +340,7 @@ def _compact(x: np.ndarray | None) -> np.ndarray | None:
 
 
 def _import_images(src, out, ids, train, test, images, n_classes, workers):
-    from mcfl.data.leaf.archive import Archive
-    from mcfl.data.leaf.images import celeba_pixels, write_split_store
+    from mcfl.data.leaf.images import celeba_pixels, write_split_store     # deferred: Pillow, for CelebA only
 
     if not images:
         raise DataSourceError(f"{src}: x holds image file names (LEAF's CelebA); pass --images with "

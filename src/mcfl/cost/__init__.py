@@ -1,4 +1,9 @@
-"""What a config costs before it runs, on this machine: its jobs, packed on the cores.
+"""What a run and a config cost, in one place: a run's counts and time arithmetic
+(:mod:`mcfl.cost.workload`: local steps, clients of a round, evaluations, a dataset's sizes, a
+model's weights and multiply-adds, nothing measured), the memory it needs against what the machine
+has free (:mod:`mcfl.cost.memory`, checked by ``mcfl train``), the timings measured on a bounded
+probe (:mod:`mcfl.cost.probe`), and, here, what a config costs before it runs on this machine: its
+jobs, packed on the cores.
 
 ``mcfl check-config`` prints :func:`estimate`'s summary for every run of a config (as from an empty
 results folder); the workflow prints it at its start for the jobs Snakemake will actually run (its
@@ -10,13 +15,13 @@ For every run (every seed, and the sweep points of a FedGSP block) the seconds i
          + evaluations x max(test samples x seconds per test sample + fine-tuning, evaluation x clients)
 
 (clients per round: ``clients_per_round``, or ``clients_per_cluster`` x K). Seconds per local step
-and per test sample are measured here on a bounded probe (:func:`~mcfl.probe.measure_step`): a few SGD steps of
+and per test sample are measured here on a bounded probe (:func:`~mcfl.cost.probe.measure_step`): a few SGD steps of
 the run's model on a random batch of the samples a step has (``batch_size``, or a client's whole
 training set when smaller), at most :data:`PROBE_ROWS` samples and :data:`PROBE_VALUES` input values
 (a larger batch's step is scaled linearly), after an untimed warm-up, on the device the config names
 (``device: auto``: the GPU when PyTorch sees one) with one CPU thread, as each workflow job trains.
 A batch size that ``mcfl train`` would refuse, or whose batch does not fit in free memory, gets one
-note line. ``local``, ``server`` and ``evaluation`` are each method's (:func:`~mcfl.probe.method_costs`): a few
+note line. ``local``, ``server`` and ``evaluation`` are each method's (:func:`~mcfl.cost.probe.method_costs`): a few
 rounds and one evaluation of the run's own method, network, executor and settings timed on a probe
 federation of random data, so what a method adds to a bare SGD step counts (the executor's batch
 plan, FedCG's network and server step, FedGSP's grouping, FedDane's gradient pass). ``init`` is the
@@ -26,16 +31,16 @@ trained again; once for all the centre files that share them through the workflo
 ``first_models`` job). Local steps per client are ``local_steps``, or ``local_epochs`` passes over a
 client's mean number of training samples. Evaluations happen every ``eval_every`` rounds and after
 the last. The batched executor trains a round's clients in one vectorised step: it is timed as one
-step on their batches stacked (:func:`~mcfl.probe.batched_group`).
+step on their batches stacked (:func:`~mcfl.cost.probe.batched_group`).
 
 The runs, their centre files and first local models are jobs, each with a process start-up
-(:func:`~mcfl.probe.measure_startup`); :func:`makespan` packs them on the cores in the order they wait for each
+(:func:`~mcfl.cost.probe.measure_startup`); :func:`makespan` packs them on the cores in the order they wait for each
 other (a centre file before its runs), as Snakemake's priorities start them, with the DAG's other
 jobs (data, reports) at a start-up each.
 
 The data sizes come from the prepared store when it exists, otherwise from the source
-(:func:`mcfl.workload.data_size`: the LEAF JSON files' ``num_samples``, the embedded writers, or
-the dataset's published size); the counting of steps and evaluations is :mod:`mcfl.workload`'s
+(:func:`mcfl.cost.workload.data_size`: the LEAF JSON files' ``num_samples``, the embedded writers, or
+the dataset's published size); the counting of steps and evaluations is :mod:`mcfl.cost.workload`'s
 too. Data preparation's own work, reports' and K selection's are not counted beyond a start-up.
 ``benchmarks/estimate_accuracy.py`` sets the estimate beside the DAG's measured time;
 ``benchmarks/study_cost.py`` times whole rounds of each run instead (slower; it prepares the data).
@@ -47,9 +52,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from mcfl.probe import (JOB_IMPORTS, MethodCost, StepTimer, _device, batch_notes, batched_group,
+from mcfl.cluster.spec import KEEP_BYTES
+from mcfl.cost.probe import (JOB_IMPORTS, MethodCost, StepTimer, _device, batch_notes, batched_group,
                          measure_startup, measure_step, method_costs, method_key, step_rows)
-from mcfl.workload import DataSize, RunCost, data_size, round_clients, run_cost, train_defaults
+from mcfl.cost.workload import DataSize, RunCost, data_size, round_clients, run_cost, train_defaults
 
 
 
@@ -130,20 +136,15 @@ def duration(seconds: float) -> str:
 def init_passes(n_clients: int, n_params: int) -> int:
     """Passes of local training over every client that the centre initialisation makes: one, or
     two when the clients' first local models do not fit in its memory budget together
-    (:func:`mcfl.cluster.init.init_centres`' ``keep_bytes``: they are trained again)."""
-    import inspect
-
-    from mcfl.cluster.init import init_centres
-
-    keep = inspect.signature(init_centres).parameters["keep_bytes"].default
-    return 1 if n_clients * n_params * 4 <= keep else 2
+    (:data:`mcfl.cluster.spec.KEEP_BYTES`: they are trained again)."""
+    return 1 if n_clients * n_params * 4 <= KEEP_BYTES else 2
 
 
 def n_params(model: dict, size: DataSize) -> int:
     """The number of weights of a run's model (built on PyTorch's meta device: no memory)."""
     import torch
 
-    from mcfl import models
+    from mcfl import models      # deferred: PyTorch and the model zoo, for this count only
 
     with torch.device("meta"):
         net = models.build(model["name"], tuple(size.x_shape), size.n_classes,
@@ -164,22 +165,21 @@ class Job:
     after: tuple[str, ...] = ()
 
 
-def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, DataSize] | None = None,
+def estimate(plan, *, timer: StepTimer | None = None, sizes: dict[str, DataSize] | None = None,
              pending: bool = False, dag: list[DagJob] | None = None,
              start_s: float | None = None, probe: bool | None = None) -> Estimate:
-    """The cost of a validated config's runs on this machine (see the module docstring).
+    """The cost of a planned config's runs on this machine (see the module docstring); ``plan``: the
+    :class:`mcfl.plan.Plan` of a validated config (its runs, stores, run folders and job files).
 
     Which runs: every run of the config; with ``pending``, those without a ``metrics.json`` in
     their run directory; with ``dag``, the jobs Snakemake will run (its DAG's jobs that need to
     run: the training jobs, centre files and first local models among them, and as many other jobs,
     each costing a start-up). The jobs are packed on the cores in the order of their dependencies
     (:func:`makespan`). ``start_s``: a job's process start-up (default: measured,
-    :func:`~mcfl.probe.measure_startup`). ``probe``: time each method's round on a probe federation
-    (:func:`~mcfl.probe.method_costs`; default: unless ``timer`` is given). ``timer`` and ``sizes`` replace the
+    :func:`~mcfl.cost.probe.measure_startup`). ``probe``: time each method's round on a probe federation
+    (:func:`~mcfl.cost.probe.method_costs`; default: unless ``timer`` is given). ``timer`` and ``sizes`` replace the
     measurement and the data sizes (tests)."""
-    from mcfl.plan import Plan, run_key
-
-    plan = Plan(cfg)
+    cfg = plan.config
     device = _device(cfg.get("device", "auto"))
     if start_s is None and timer is not None:             # a test's timer: no start-ups either
         start_s = 0.0
@@ -191,16 +191,15 @@ def estimate(cfg: dict, *, timer: StepTimer | None = None, sizes: dict[str, Data
         if name not in sizes:
             sizes[name] = data_size(ds, Path(plan.store(name)), Path(plan.raw_store(name)))
     wanted = _dag_outputs(plan, dag) if dag is not None else None
-    todo = [r for k, r in plan.runs.items() if (wanted is None or _train_id(plan, k) in wanted)
+    todo = [(k, r) for k, r in plan.runs.items() if (wanted is None or _train_id(plan, k) in wanted)
             and not (pending and (Path(plan.dir_of(r)) / "metrics.json").exists())]
     methods: dict[str, MethodCost] = {}
-    for name in dict.fromkeys(r["dataset"] for r in todo) if probe else ():
-        methods.update(method_costs([r for r in todo if r["dataset"] == name], sizes[name], device, timer))
+    for name in dict.fromkeys(r["dataset"] for _, r in todo) if probe else ():
+        methods.update(method_costs([r for _, r in todo if r["dataset"] == name], sizes[name], device, timer))
     measured: dict[str, tuple[float, float]] = {}
     jobs: dict[str, Job] = {}
     out, notes = [], []
-    for run in todo:
-        key = run_key(run)
+    for key, run in todo:
         size = sizes[run["dataset"]]
         train = {**train_defaults(), **run["train"]}
         group = batched_group(train, size, run["params"])

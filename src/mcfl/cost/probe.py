@@ -13,7 +13,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from mcfl.workload import DataSize, evaluations, round_clients, train_defaults
+from mcfl import methods
+from mcfl.cost import memory
+from mcfl.cost.memory import F32, FULL_BATCH_SLACK, I64, _gb
+from mcfl.cost.workload import DataSize, evaluations, local_steps, round_clients, train_defaults
+from mcfl.data import load
+from mcfl.data.store import ClientData
+from mcfl.data.write import write_store
+from mcfl.timing import LocalClock
+from mcfl.trainspec import TrainSpec
 
 #: per-step time measurement: (model block, input shape, classes, batch size, device) ->
 #: (seconds per local SGD step, seconds per test sample)
@@ -67,18 +75,16 @@ def step_rows(train: dict, size: DataSize) -> int:
 
 def batch_notes(dataset: str, train: dict, size: DataSize, rows: int, device: str) -> list[str]:
     """One line each for what a run's batch size asks of the data and the machine: a
-    ``batch_size`` that ``mcfl train`` refuses (:func:`mcfl.bounds.check_run`: more than the
+    ``batch_size`` that ``mcfl train`` refuses (:func:`mcfl.cost.memory.check_run`: more than the
     largest client's samples), and a local step's batch plan and inputs that do not fit in the
     device's free memory."""
-    from mcfl.bounds import F32, FULL_BATCH_SLACK, I64, _gb, available_memory
-
     B, out = int(train["batch_size"]), []
     if B > max(size.n_train, FULL_BATCH_SLACK):
         out.append(f"note: {dataset}: train.batch_size {B} is more than all {size.n_train} training "
                    f"samples together: `mcfl train` will refuse it (at most the largest client's "
                    f"samples, which is the full batch); estimated as the full batch")
     need = B * I64 + rows * (math.prod(size.x_shape) * F32 + I64)   # a client's batch plan, a batch
-    free = available_memory(device)
+    free = memory.available_memory(device)
     if free is not None and need > free:
         out.append(f"note: {dataset}: a local step with train.batch_size {B} needs at least "
                    f"{_gb(need)} but {device} has {_gb(free)} free; lower train.batch_size")
@@ -92,7 +98,7 @@ def measure_step(model: dict, x_shape: tuple, n_classes: int, batch_size: int, d
     is timed on :func:`probe_rows` samples and scaled linearly to ``batch_size``."""
     import torch
 
-    from mcfl import models
+    from mcfl import models      # deferred: PyTorch and the model zoo, for the timed step only
 
     rows = probe_rows(batch_size, x_shape)
     threads = torch.get_num_threads()
@@ -171,9 +177,6 @@ def method_costs(runs: list[dict], size: DataSize, device: str,
     that cannot run on the probe counts as FedAvg."""
     import tempfile
 
-    from mcfl.workload import local_steps
-    from mcfl.trainspec import TrainSpec
-
     timer = timer or measure_step
     keys = {method_key(r): r for r in runs}
     if not keys:
@@ -216,10 +219,6 @@ def _probe_store(path: Path, size: DataSize, n_clients: int, n_domains: int, row
     of ``n_domains`` domains."""
     import numpy as np
 
-    from mcfl.data import load
-    from mcfl.data.store import ClientData
-    from mcfl.data.write import write_store
-
     rng = np.random.default_rng(0)
     rows = max(2, min(rows, PROBE_CLIENT_ROWS, math.ceil(size.n_train / max(1, size.n_clients))))
     shape = tuple(size.x_shape)
@@ -250,7 +249,7 @@ def _probe_train(run: dict, data) -> dict:
 def _probe_centres(fed, K: int, folder: Path) -> Path:
     """A centre file of ``K`` random clients' first local models for the probe federation ``fed``
     (what the workflow's ``init_centres`` job gives a run; its k-means is the initialisation's cost)."""
-    from mcfl.cluster.init import init_centres, save_centres
+    from mcfl.cluster.init import init_centres, save_centres     # deferred: PyTorch, for the probe's centres only
 
     path = folder / f"centres-{fed.model.size}-K{K}.pt"
     if not path.exists():
@@ -264,13 +263,9 @@ def _time_method(run: dict, data, device: str) -> tuple[float, float, float]:
     evaluation, with one CPU thread."""
     import torch
 
-    from mcfl import algorithms
-    from mcfl.evaluation import evaluate
-    from mcfl.federation import build_federation
-    from mcfl.timing import LocalClock
-    from mcfl.trainspec import TrainSpec
+    from mcfl import evaluation, federation     # deferred: PyTorch, for the probe's rounds only
 
-    cls = algorithms.get(run["method"])
+    cls = methods.get(run["method"])
     params = {k: (2 if v == "auto" else v) for k, v in run["params"].items()}
     if "restarts" in {f.name for f in dataclasses.fields(cls.Params)}:
         params["restarts"] = 1            # k-means' restarts are the initialisation's, counted apart
@@ -278,7 +273,7 @@ def _time_method(run: dict, data, device: str) -> tuple[float, float, float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        fed = build_federation(data, run["model"], train, 0, torch.device(device))
+        fed = federation.build_federation(data, run["model"], train, 0, torch.device(device))
         if cls.uses_centres(params):
             fed.inputs["centres"] = _probe_centres(fed, int(params["K"]), Path(data.path).parent)
         algo = cls(fed, cls.Params(**params))
@@ -294,7 +289,7 @@ def _time_method(run: dict, data, device: str) -> tuple[float, float, float]:
         round_s = (time.perf_counter() - t) / PROBE_ROUNDS
         local_s = clock.seconds / PROBE_ROUNDS
         t = time.perf_counter()
-        evaluate(algo, state, fed, finetune_epochs=train.finetune_epochs, rnd=PROBE_ROUNDS + 1)
+        evaluation.evaluate(algo, state, fed, finetune_epochs=train.finetune_epochs, rnd=PROBE_ROUNDS + 1)
         return local_s, max(0.0, round_s - local_s), time.perf_counter() - t
     finally:
         torch.set_num_threads(threads)
@@ -323,16 +318,12 @@ def time_run(run: dict, store, device: str, rounds: int = 2, warmup: int = 1) ->
     what a method adds to local training. Used by ``benchmarks/study_cost.py``."""
     import torch
 
-    from mcfl import algorithms
-    from mcfl.data import load
-    from mcfl.evaluation import RoundCache, evaluate, evaluate_protocol, protocols
-    from mcfl.federation import build_federation
-    from mcfl.trainspec import TrainSpec
+    from mcfl import evaluation, federation     # deferred: PyTorch, for the timed rounds only
 
     data = load(store)
-    cls = algorithms.get(run["method"])
+    cls = methods.get(run["method"])
     tcfg = TrainSpec.of(run["train"])                  # the schema's defaults, as `mcfl train` reads them
-    fed = build_federation(data, run["model"], tcfg, run["seed"], torch.device(device))
+    fed = federation.build_federation(data, run["model"], tcfg, run["seed"], torch.device(device))
     algo = cls(fed, cls.Params(**run["params"]))
     t = time.perf_counter()
     state = algo.init()
@@ -346,10 +337,10 @@ def time_run(run: dict, store, device: str, rounds: int = 2, warmup: int = 1) ->
             walls.append(time.perf_counter() - t)
     r = warmup + rounds
     t = time.perf_counter()
-    cache = RoundCache(algo, state, fed, r, active=clients)        # shared, as the runner does
-    evaluate(algo, state, fed, finetune_epochs=tcfg.finetune_epochs, rnd=r, cache=cache)
-    for proto in protocols(tcfg.eval_protocols).values():
-        evaluate_protocol(proto, algo, state, fed, r, cache)
+    cache = evaluation.RoundCache(algo, state, fed, r, active=clients)        # shared, as the runner does
+    evaluation.evaluate(algo, state, fed, finetune_epochs=tcfg.finetune_epochs, rnd=r, cache=cache)
+    for proto in evaluation.protocols(tcfg.eval_protocols).values():
+        evaluation.evaluate_protocol(proto, algo, state, fed, r, cache)
     eval_s = time.perf_counter() - t
     total_rounds = tcfg.rounds
     evals = evaluations(total_rounds, tcfg.eval_every)

@@ -14,6 +14,12 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
+
+from mcfl.config import n_clients
+from mcfl.data.femnist_sample import embedded_file
+from mcfl.trainspec import TrainSpec, read_schema
+
 #: model -> (input shape, classes) of the data it was designed for (used before a store exists)
 MODEL_SHAPES = {"femnist_cnn": ((1, 28, 28), 62), "celeba_cnn": ((3, 84, 84), 2),
                 "digits_cnn": ((1, 8, 8), 10), "logreg": ((60,), 5)}
@@ -80,8 +86,6 @@ def run_cost(run: dict, size: DataSize, step_s: float, sample_s: float, *,
              init_passes: int = 0) -> RunCost:
     """One run's cost from the per-step times (the arithmetic of the module docstring);
     ``init_passes``: local trainings of every client charged to it for the centre initialisation."""
-    from mcfl.trainspec import TrainSpec
-
     t = TrainSpec.of(run["train"])
     per_client = size.n_train / max(1, size.n_clients)
     steps = local_steps(t, per_client)
@@ -95,16 +99,12 @@ def run_cost(run: dict, size: DataSize, step_s: float, sample_s: float, *,
 
 
 def train_defaults() -> dict:
-    from mcfl.trainspec import read_schema
-
     props = read_schema()["$defs"]["train"]["properties"]
     return {k: v["default"] for k, v in props.items() if "default" in v}
 
 
 def data_size(ds: dict, store: Path, raw_store: Path) -> DataSize:
     """A dataset's shape and sizes: from its prepared store, else from its source (see module)."""
-    from mcfl.config import n_clients
-
     model = ds["model"]["name"]
     shape, classes = MODEL_SHAPES.get(model, ((1, 28, 28), 10))
     prep = ds["prepare"]
@@ -127,10 +127,6 @@ def data_size(ds: dict, store: Path, raw_store: Path) -> DataSize:
             return DataSize(shape, int(prep.get("n_classes") or classes), clients or counts[0],
                             counts[1], counts[2], "the LEAF JSON files")
     if source == "femnist_sample":
-        import numpy as np
-
-        from mcfl.data.femnist_sample import embedded_file
-
         with np.load(embedded_file(prep.get("run", "leaf-torch")), allow_pickle=False) as z:
             tr, te = z["offsets_train"], z["offsets_test"]
         return DataSize((1, 28, 28), 62, clients or len(tr) - 1, int(tr[-1]), int(te[-1]),
