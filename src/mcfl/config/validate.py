@@ -24,6 +24,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from mcfl.config.compose import compose
 from mcfl.config.files import MAX_DEPTH, MAX_RUNS, ConfigError, _path
 from mcfl.paths import plain_name
 
@@ -245,6 +246,7 @@ def _validate(cfg: dict, source: str) -> dict:
     schema = _schema()
     if not isinstance(cfg, dict):
         raise ConfigError(f"{source}: top level must be a mapping")
+    compose(cfg)                                # vars: and method sets, before the schema sees them
     _check_numbers(cfg, [])
     _fill_defaults(cfg, schema, schema)
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(cfg))
