@@ -34,9 +34,11 @@ STUDIES: dict[str, tuple[list[str], dict]] = {
     "paper-fedcg-celeba": (["config/paper-fedcg-celeba.yaml"], {}),
     "paper-fedgsp-femnist": (["config/paper-fedgsp-femnist.yaml"], {}),
     "femnist-sample": (["config/femnist-sample.yaml"], {}),
-    **{f"femnist-sample-{o}": (["config/femnist-sample.yaml", f"config/femnist-sample/{o}.yaml"], {})
+    **{f"femnist-sample-{o}": ([f"config/femnist-sample/{o}.yaml"], {})
        for o in ["paper", "authors", "authors-switches", "tune", "fedgsp", "fedcg", "variants",
-                 "switches", "h248", "bf16", "tf32", "flic"]},
+                 "switches", "h248", "flic"]},
+    **{f"femnist-sample-{p}": (["config/femnist-sample/precision.yaml"], {"vars": {"precision": p}})
+       for p in ["bf16", "tf32"]},
 }
 
 
