@@ -22,8 +22,8 @@ EXPANSIONS = ROOT / "tests" / "data" / "config-expansions"
 #: study -> (config files in order, Snakemake ``--config`` values)
 STUDIES: dict[str, tuple[list[str], dict]] = {
     "default": (["config/config.yaml"], {}),
-    "six-seeds": (["config/config.yaml", "config/six-seeds.yaml"], {}),
-    "fedcg-150": (["config/config.yaml", "config/fedcg-150.yaml"], {}),
+    "six-seeds": (["config/six-seeds.yaml"], {}),
+    "fedcg-150": (["config/fedcg-150.yaml"], {}),
     "celeba-sample": (["config/celeba-sample.yaml"], {}),
     "fedcg-digits": (["config/fedcg-digits.yaml"], {}),
     "fedcg-digits-invert": (["config/fedcg-digits-invert.yaml"], {}),
