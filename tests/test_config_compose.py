@@ -57,12 +57,15 @@ def test_a_missing_base_and_a_cycle_are_one_line_naming_the_file(tmp_path):
         read_configs([me])
 
 
-def test_a_file_that_extends_is_given_alone_or_first(tmp_path):
+def test_a_file_that_extends_is_given_alone_or_after_its_base(tmp_path):
     base = write(tmp_path / "base.yaml", BASE)
-    ext = write(tmp_path / "ext.yaml", {"extends": "base.yaml", "replace": ["publish"]})
-    assert "publish" not in read_configs([ext])
-    with pytest.raises(ConfigError, match=r"ext.yaml: extends: base.yaml itself; give it without"):
-        read_configs([base, ext])
+    other = write(tmp_path / "other.yaml", BASE)
+    ext = write(tmp_path / "ext.yaml", {"extends": "base.yaml", "replace": ["publish"], "seeds": [1]})
+    alone = read_configs([ext])
+    assert "publish" not in alone and alone["seeds"] == [1]
+    assert read_configs([base, ext]) == alone           # the two-file form: a plain overlay
+    with pytest.raises(ConfigError, match=r"ext.yaml: extends: base.yaml, which the config files before it are not"):
+        read_configs([other, ext])
 
 
 def test_vars_are_substituted_with_their_type_and_removed():

@@ -188,21 +188,25 @@ def _merge(base: dict, overlay: dict) -> None:
 
 
 def read_configs(paths) -> dict:
-    """The config files ``paths`` read (each with the file it ``extends:``, :func:`read_extended`)
-    and merged in order (:func:`merge`), not yet validated."""
+    """The config files ``paths`` read and merged in order (:func:`merge`), not yet validated. A
+    file that ``extends:`` another is read over that base (:func:`read_extended`); given after its
+    base (``--configfile base.yaml overlay.yaml``) it is merged as a plain overlay."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise ConfigError("no config file given")
     cfg: dict = {}
+    given: set[Path] = set()
     for i, path in enumerate(paths):
         doc = _read_mapping(path)
-        if "extends" in doc and i > 0:
-            raise ConfigError(f"{path}: extends: {doc['extends']} itself; give it without the config files "
-                              f"before it (--configfile {path})")
         if i == 0 and "replace" in doc and "extends" not in doc:
             raise ConfigError(f"{path}: replace: belongs in an overlay (a config file given after the first, "
                               f"or one that extends another)")
-        merge(cfg, read_extended(path, doc), str(path))
+        if i > 0 and "extends" in doc:
+            base = doc.pop("extends")
+            if not (isinstance(base, str) and (path.parent / base).resolve() in given):
+                raise ConfigError(f"{path}: extends: {base}, which the config files before it are not; "
+                                  f"give it alone (--configfile {path})")
+        merge(cfg, read_extended(path, doc, chain_out=given), str(path))
     return cfg
 
 
@@ -210,12 +214,15 @@ def read_configs(paths) -> dict:
 MAX_EXTENDS = 8
 
 
-def read_extended(path: Path, doc: dict, chain: tuple[Path, ...] = ()) -> dict:
+def read_extended(path: Path, doc: dict, chain: tuple[Path, ...] = (), chain_out: set | None = None) -> dict:
     """``doc`` (the config file ``path``) merged over the file its ``extends:`` names (a path
     relative to ``path``'s folder; that file read the same way, so a base may extend another), as an
     overlay file given after its base is (its ``replace:`` keys included); a missing base and a
-    file that extends itself through others are refused with one line naming them."""
+    file that extends itself through others are refused with one line naming them. The files read
+    are added to ``chain_out``."""
     chain = chain + (path.resolve(),)
+    if chain_out is not None:
+        chain_out.add(path.resolve())
     base_name = doc.pop("extends", None)
     if base_name is None:
         return doc
@@ -229,7 +236,7 @@ def read_extended(path: Path, doc: dict, chain: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: extends: more than {MAX_EXTENDS} files in one chain")
     if not base_path.is_file():
         raise ConfigError(f"{path}: extends: {base_name}: no such config file ({base_path})")
-    base = read_extended(base_path, _read_mapping(base_path), chain)
+    base = read_extended(base_path, _read_mapping(base_path), chain, chain_out)
     return merge(base, doc, str(path))
 
 
