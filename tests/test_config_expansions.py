@@ -46,7 +46,8 @@ def expansion(files: list[str], overrides: dict) -> list:
     """What the Snakefile plans from ``files`` and ``overrides`` (workflow/rules/common.smk's
     reading, then :class:`mcfl.plan.Plan`), as plain JSON values: the validated config's sections
     the files set (sections they leave to the schema's defaults are not the study's), the DAG's
-    data stores and final outputs, then every training run, keyed by (dataset, run, seed)."""
+    data stores and final outputs, then every training run, keyed by (dataset, run, seed), in the
+    order the plan holds them (the configured runs in config order: the order of the tables' rows)."""
     from mcfl.config import name_defaults, read_configs, validate_with_overrides
     from mcfl.plan import Plan
 
@@ -56,7 +57,7 @@ def expansion(files: list[str], overrides: dict) -> list:
     plan = Plan(cfg)
     head = {"config": {k: cfg[k] for k in written if k in cfg},
             "stores": sorted(plan.stores()), "targets": sorted(plan.targets())}
-    return [head] + [{"/".join(map(str, key)): run} for key, run in sorted(plan.runs.items(), key=str)]
+    return [head] + [{"/".join(map(str, key)): run} for key, run in plan.runs.items()]
 
 
 def canonical(lines: list) -> str:
