@@ -100,3 +100,11 @@ def test_check_config_says_what_is_wrong_in_one_line(tmp_path, capsys):
     assert main(["check-config", str(bad)]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "bad.yaml: extends: gone.yaml: no such config file" in err
+
+
+def test_each_shipped_config_says_on_its_first_line_what_it_is_for():
+    from conftest import ROOT
+
+    for path in sorted((ROOT / "config").rglob("*.yaml")):
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# ") and len(first) > 40, path
