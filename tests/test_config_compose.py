@@ -77,6 +77,8 @@ def test_vars_are_substituted_with_their_type_and_removed():
         compose({"vars": {"p": "x"}, "train": {"lr": "${rate}"}})
     with pytest.raises(ConfigError, match="vars: must map names to single values"):
         compose({"vars": {"p": [1, 2]}})
+    with pytest.raises(ConfigError, match="extends: base.yaml: a file's base is read with the file"):
+        compose({"extends": "base.yaml"})           # a raw file handed to validate() unread
 
 
 def test_a_method_set_stands_for_its_rows_with_the_rows_named_changed():

@@ -40,7 +40,11 @@ _VAR = re.compile(r"\$\{([^{}]*)\}")
 
 
 def compose(cfg: dict) -> dict:
-    """``cfg`` with its ``vars:`` substituted (and removed) and its method sets expanded, in place."""
+    """``cfg`` with its ``vars:`` substituted (and removed) and its method sets expanded, in place.
+    An ``extends:`` left in it was never read (its base would be silently missing): refused."""
+    if isinstance(cfg, dict) and "extends" in cfg:
+        raise ConfigError(f"extends: {cfg['extends']}: a file's base is read with the file "
+                          f"(mcfl.config.load_config or read_configs), not after it")
     if isinstance(cfg, dict):
         substitute_vars(cfg)
         expand_method_sets(cfg)
