@@ -64,7 +64,7 @@ def test_a_file_that_extends_is_given_alone_or_after_its_base(tmp_path):
     alone = read_configs([ext])
     assert "publish" not in alone and alone["seeds"] == [1]
     assert read_configs([base, ext]) == alone           # the two-file form: a plain overlay
-    with pytest.raises(ConfigError, match=r"ext.yaml: extends: base.yaml, which the config files before it are not"):
+    with pytest.raises(ConfigError, match=r"ext.yaml: extends: base.yaml, which the config files before it do not include"):
         read_configs([other, ext])
 
 

@@ -204,8 +204,8 @@ def read_configs(paths) -> dict:
         if i > 0 and "extends" in doc:
             base = doc.pop("extends")
             if not (isinstance(base, str) and (path.parent / base).resolve() in given):
-                raise ConfigError(f"{path}: extends: {base}, which the config files before it are not; "
-                                  f"give it alone (--configfile {path})")
+                raise ConfigError(f"{path}: extends: {base}, which the config files before it do not "
+                                  f"include; give this file alone (--configfile {path})")
         merge(cfg, read_extended(path, doc, chain_out=given), str(path))
     return cfg
 
