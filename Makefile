@@ -15,7 +15,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup reproduce test test-fast dry-run report clean femnist-sample femnist-sample-paper femnist-sample-authors femnist-sample-authors-switches \
-	femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg femnist-flic femnist-sample-variants femnist-sample-switches femnist-sample-h248 femnist-sample-tf32 femnist-sample-bf16 femnist-sample-replication fesem-digits-variants docs docs-check docs-serve docs-results lock dvc-lock
+	femnist-sample-tune femnist-sample-fedgsp femnist-sample-fedcg femnist-flic femnist-sample-variants femnist-sample-switches femnist-sample-h248 femnist-sample-precision femnist-sample-replication fesem-digits-variants docs docs-check docs-serve docs-results lock dvc-lock
 
 # requirements.lock pins every package (torch included) to the tested set: `make` installs exactly
 # that, with uv (about 36 s) or, where uv fails, pip (about 2 min 45 s); MCFL_INSTALLER=pip forces
@@ -42,20 +42,25 @@ dvc-lock: setup
 
 # The studies beside `make reproduce` (the real-writer ones: hours on a CPU, resumable: run again to
 # continue; a job killed mid-run resumes from its checkpoint, hence --rerun-incomplete; after a killed
-# Snakemake, `.venv/bin/snakemake --unlock --configfile ...` first: docs/reliability.md). Each is
-# config/femnist-sample.yaml (FeSEM's Table 2 on the embedded writers) or that base with one overlay
-# of config/femnist-sample/ merged over it; fesem-digits-variants is a config of its own.
+# Snakemake, `.venv/bin/snakemake --unlock --configfile ...` first: docs/reliability.md). Each is one
+# config file: config/femnist-sample.yaml (FeSEM's Table 2 on the embedded writers), one of
+# config/femnist-sample/ (each extends it), or fesem-digits-variants.yaml. The precision study takes
+# its precision as a parameter: make femnist-sample-precision PRECISION=tf32 (bf16 unless given).
 SNAKE_STUDY := $(BIN)/snakemake --cores $(CORES) --rerun-incomplete --configfile
-FEMNIST_OVERLAYS := paper authors authors-switches tune fedgsp fedcg variants switches h248 bf16 tf32 replication
+FEMNIST_OVERLAYS := paper authors authors-switches tune fedgsp fedcg variants switches h248 replication
+PRECISION ?= bf16
 
 femnist-sample: setup
 	$(SNAKE_STUDY) config/femnist-sample.yaml
 
 $(FEMNIST_OVERLAYS:%=femnist-sample-%): femnist-sample-%: setup
-	$(SNAKE_STUDY) config/femnist-sample.yaml config/femnist-sample/$*.yaml
+	$(SNAKE_STUDY) config/femnist-sample/$*.yaml
+
+femnist-sample-precision: setup
+	$(SNAKE_STUDY) config/femnist-sample/precision.yaml --config 'vars={precision: $(PRECISION)}'
 
 femnist-flic: setup
-	$(SNAKE_STUDY) config/femnist-sample.yaml config/femnist-sample/flic.yaml
+	$(SNAKE_STUDY) config/femnist-sample/flic.yaml
 
 fesem-digits-variants: setup
 	$(SNAKE_STUDY) config/fesem-digits-variants.yaml
@@ -119,8 +124,8 @@ lint: setup
 	$(BIN)/lint-imports
 	$(BIN)/python tools/import_graph.py --check
 	$(BIN)/snakefmt --check .
-	.ci/lint-snakemake config/config.yaml "config/femnist-sample.yaml config/femnist-sample/fedgsp.yaml" \
-	  "config/femnist-sample.yaml config/femnist-sample/authors.yaml" config/femnist-sample.yaml
+	.ci/lint-snakemake config/config.yaml config/femnist-sample/fedgsp.yaml config/femnist-sample/authors.yaml \
+	  config/femnist-sample.yaml
 
 clean:
 	rm -rf results logs .snakemake mlflow.db mlflow.db.*.lock mlartifacts report.html site

@@ -49,13 +49,13 @@ def test_the_overlay_is_the_recorded_command():
 
 
 def test_the_switches_share_the_studys_runs_and_change_one_setting_each():
-    """config/femnist-sample/authors-switches.yaml (an overlay of the base, like authors.yaml): its
+    """config/femnist-sample/authors-switches.yaml (it extends authors.yaml): its
     FedAvg and FeSEM(2) are the authors' study's runs (same settings, same results folder, so
     trained once), and each switched run differs from that FeSEM(2) in exactly the one setting its
     name says."""
     switches = ROOT / "config" / "femnist-sample" / "authors-switches.yaml"
     study = {r["label"]: r for r in expand_runs(load_config(BASE, AUTHORS)) if r["seed"] == 0}
-    runs = {r["label"]: r for r in expand_runs(load_config(BASE, switches)) if r["seed"] == 0}
+    runs = {r["label"]: r for r in expand_runs(load_config(switches)) if r["seed"] == 0}
     assert list(runs) == ["FedAvg", "FeSEM(2)", "FeSEM-E1(2)", "FeSEM-C10(2)", "FeSEM-Dall(2)"]
     for label in ("FedAvg", "FeSEM(2)"):
         assert runs[label] == study[label]

@@ -4,7 +4,7 @@
 import pytest
 import yaml
 
-from mcfl.config import ConfigError, expand_runs, load_config, validate
+from mcfl.config import ConfigError, expand_runs, load_config, read_configs, validate
 from mcfl.report.paper import paper_tables
 from conftest import ROOT
 
@@ -129,14 +129,13 @@ def test_runs_that_compute_the_same_centres_share_one_init_file():
 
 
 def _shipped_configs() -> list[tuple[str, ...]]:
-    """Every shipped config as the workflow is given it: a whole config alone; an overlay of
-    ``config/`` (no ``methods``) over the default; ``config/NAME/X.yaml`` over ``config/NAME.yaml``."""
-    out = []
-    for p in sorted((ROOT / "config").glob("*.yaml")):
-        whole = "methods" in (yaml.safe_load(p.read_text()) or {})
-        out.append((p.name,) if whole else ("config.yaml", p.name))
+    """Every shipped config as the workflow is given it: each file alone (an overlay names its base
+    with ``extends:``), and ``config/NAME/X.yaml`` also after ``config/NAME.yaml`` (the two-file form)."""
+    out = [(p.name,) for p in sorted((ROOT / "config").glob("*.yaml"))]
     for p in sorted((ROOT / "config").glob("*/*.yaml")):
-        out.append((f"{p.parent.name}.yaml", f"{p.parent.name}/{p.name}"))
+        out.append((f"{p.parent.name}/{p.name}",))
+        if yaml.safe_load(p.read_text()).get("extends") == f"../{p.parent.name}.yaml":
+            out.append((f"{p.parent.name}.yaml", f"{p.parent.name}/{p.name}"))
     return out
 
 
@@ -235,10 +234,12 @@ def test_command_line_values_read_yaml_words():
 
 @pytest.mark.parametrize("overlay", sorted(p.name for p in (ROOT / "config" / "femnist-sample").glob("*.yaml")))
 def test_every_femnist_sample_overlay_validates_on_its_base(overlay):
-    """Each overlay in config/femnist-sample/ is run on top of config/femnist-sample.yaml
-    (`make femnist-sample-<name>`): merged in that order, it must pass the schema and expand into
-    runs, in the overlay's results directory where it names one."""
-    cfg = load_config(ROOT / "config" / "femnist-sample.yaml", ROOT / "config" / "femnist-sample" / overlay)
+    """Each overlay in config/femnist-sample/ extends config/femnist-sample.yaml, itself or through
+    another of the folder (`make femnist-sample-<name>`): read alone, it must pass the schema and expand into runs, in the
+    overlay's results directory where it names one (the precision overlay's bf16 unless given)."""
+    raw = yaml.safe_load((ROOT / "config" / "femnist-sample" / overlay).read_text())
+    assert raw["extends"] == "../femnist-sample.yaml" or (ROOT / "config" / "femnist-sample" / raw["extends"]).is_file()
+    cfg = load_config(ROOT / "config" / "femnist-sample" / overlay)
     validate(cfg, overlay)
-    own = yaml.safe_load((ROOT / "config" / "femnist-sample" / overlay).read_text()).get("results")
-    assert expand_runs(cfg) and cfg["results"] == (own or "results-femnist-sample")
+    own = read_configs([ROOT / "config" / "femnist-sample" / overlay])["results"].replace("${precision}", "bf16")
+    assert expand_runs(cfg) and cfg["results"] == own

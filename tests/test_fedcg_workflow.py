@@ -64,8 +64,8 @@ def test_fedcg_tables_are_built_from_the_runs(tmp_path, cli_env):
 ])
 def test_overlays_retrain_fedcg_tables_in_their_own_directory(tmp_path, cli_env, overlay, res,
                                                                seeds, train):
-    r = snakemake(tmp_path, cli_env, "-n", "-p", "--configfile", str(ROOT / "config" / "config.yaml"),
-                  str(ROOT / "config" / overlay), "--", f"{res}/fedcg/tables.md")
+    r = snakemake(tmp_path, cli_env, "-n", "-p", "--configfile", str(ROOT / "config" / overlay), "--",
+                  f"{res}/fedcg/tables.md")
     assert r.returncode == 0, r.stderr[-3000:]
     counts = job_counts(r.stdout)
     # FedAvg, FedCG(3), FedCG(4): one job each training every seed (the default's seeds_per_job: all)

@@ -7,6 +7,7 @@ import yaml
 
 import leaf_helpers as H
 from conftest import ROOT
+from mcfl.config import load_config
 from mcfl.data import load, prepare
 from test_workflow import job_counts, snakemake, write_config
 
@@ -43,7 +44,7 @@ def test_download_prepare_train_report_on_femnist(tmp_path, cli_env):
 def test_paper_configs_plan_download_prepare_and_every_method(tmp_path, cli_env, name, downloads):
     """`--configfile` runs the paper config alone: nothing of the default config (present in the
     working directory, as in a checkout) is merged in."""
-    cfg = yaml.safe_load((ROOT / "config" / f"{name}.yaml").read_text())
+    cfg = load_config(ROOT / "config" / f"{name}.yaml")      # its base and method sets resolved
     write_config(tmp_path, yaml.safe_load((ROOT / "config" / "config.yaml").read_text()))
     r = snakemake(tmp_path, cli_env, "-n", "--configfile", str(ROOT / "config" / f"{name}.yaml"))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from mcfl.config import expand_runs, validate
+from mcfl.config import expand_runs, read_configs, validate
 from mcfl.report.paper import comparison, paper_tables, to_markdown
 
 TABLE2 = ["NoFed", "FedSGD", "FedAvg", "FedDist", "FedDist+WS", "Robust(TKM)", "FedCluster",
@@ -75,7 +75,7 @@ def test_comparison_by_dataset_name_without_sources():
 @pytest.mark.parametrize("name, table, lr, epochs", [("femnist", "Table 2", 0.003, 5),
                                                       ("celeba", "Table 3", 0.03, 10)])
 def test_paper_configs_run_all_table_rows_with_the_papers_settings(name, table, lr, epochs):
-    cfg = yaml.safe_load((ROOT / "config" / f"paper-{name}.yaml").read_text())
+    cfg = read_configs([ROOT / "config" / f"paper-{name}.yaml"])      # with the file it extends
     (ds,) = cfg["datasets"].values()
     assert ds["prepare"]["source"] == name and ds["prepare"]["tf"] == 0.8
     assert (ds["train"]["lr"], ds["train"]["local_epochs"], ds["train"]["batch_size"]) == (lr, epochs, 10)

@@ -17,8 +17,8 @@ from mcfl.data.store import FORMAT as STORE_FORMAT  # a param of the rules that 
 from mcfl.plan import Plan, dag_jobs
 
 try:
-    # The config files are read and merged by mcfl's loader, the one `mcfl check-config A B` uses (an
-    # overlay's `replace:` keys; duplicated keys, deep nesting, alias bombs and files over 1 MB
+    # The config files are read and merged by mcfl's loader, the one `mcfl check-config A B` uses (a
+    # file's `extends:` base, an overlay's `replace:` keys; duplicated keys, deep nesting, alias bombs and files over 1 MB
     # refused), and that reading replaces Snakemake's, with `--config KEY=VALUE` on top (an error
     # only those values make names them, not the files); `results`/`experiment` left out are named
     # after the last config file.

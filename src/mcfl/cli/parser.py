@@ -189,8 +189,9 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
         _add_partition_parser(sub)
     p = sub.add_parser("check-config", help="validate a config, list its runs and estimate what "
                                             "they cost on this machine")
-    p.add_argument("config", nargs="+", help="a config file (YAML, e.g. config/config.yaml), then any "
-                   "overlays merged over it in order, as snakemake --configfile A B merges them")
+    p.add_argument("config", nargs="+", help="a config file (YAML, e.g. config/config.yaml; one that "
+                   "names a base with extends: is read over it), then any overlays merged over it in "
+                   "order, as snakemake --configfile A B merges them")
     p.add_argument("--estimate", action=argparse.BooleanOptionalAction, default=True,
                    help="time a few local steps of each model here and print what the runs cost "
                         "(a few seconds; default: on)")

@@ -1,6 +1,7 @@
 """Reading config files: YAML that cannot hang or recurse (no duplicated keys, bounded size,
 depth and aliases), the names a config leaves out, and several files merged in order (a base
-config, then overlays) as Snakemake merges ``--configfile A B``."""
+config, then overlays) as Snakemake merges ``--configfile A B``; a file that names its base with
+``extends:`` is read over that base."""
 
 from __future__ import annotations
 
@@ -187,23 +188,65 @@ def _merge(base: dict, overlay: dict) -> None:
 
 
 def read_configs(paths) -> dict:
-    """The config files ``paths`` read and merged in order (:func:`merge`), not yet validated."""
+    """The config files ``paths`` read and merged in order (:func:`merge`), not yet validated. A
+    file that ``extends:`` another is read over that base (:func:`read_extended`); given after its
+    base (``--configfile base.yaml overlay.yaml``) it is merged as a plain overlay."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise ConfigError("no config file given")
     cfg: dict = {}
+    given: set[Path] = set()
     for i, path in enumerate(paths):
-        doc = read_yaml(path)
-        if not isinstance(doc, dict):
-            found = "an empty file" if doc is None else f"a {type(doc).__name__}"
-            raise ConfigError(f"{path}: top level must be a mapping of keys (datasets:, methods:, ...), "
-                              f"found {found}")
-        if i == 0 and "replace" in doc:
-            raise ConfigError(f"{path}: replace: belongs in an overlay (a config file given after the first)")
-        merge(cfg, doc, str(path))
+        doc = _read_mapping(path)
+        if i == 0 and "replace" in doc and "extends" not in doc:
+            raise ConfigError(f"{path}: replace: belongs in an overlay (a config file given after the first, "
+                              f"or one that extends another)")
+        if i > 0 and "extends" in doc:
+            base = doc.pop("extends")
+            if not (isinstance(base, str) and (path.parent / base).resolve() in given):
+                raise ConfigError(f"{path}: extends: {base}, which the config files before it do not "
+                                  f"include; give this file alone (--configfile {path})")
+        merge(cfg, read_extended(path, doc, chain_out=given), str(path))
     return cfg
 
 
+#: the most files one ``extends:`` chain may read (a config, its base, the base's base, ...)
+MAX_EXTENDS = 8
+
+
+def read_extended(path: Path, doc: dict, chain: tuple[Path, ...] = (), chain_out: set | None = None) -> dict:
+    """``doc`` (the config file ``path``) merged over the file its ``extends:`` names (a path
+    relative to ``path``'s folder; that file read the same way, so a base may extend another), as an
+    overlay file given after its base is (its ``replace:`` keys included); a missing base and a
+    file that extends itself through others are refused with one line naming them. The files read
+    are added to ``chain_out``."""
+    chain = chain + (path.resolve(),)
+    if chain_out is not None:
+        chain_out.add(path.resolve())
+    base_name = doc.pop("extends", None)
+    if base_name is None:
+        return doc
+    if not (isinstance(base_name, str) and base_name.strip()):
+        raise ConfigError(f"{path}: extends: must name a config file, relative to this file's folder")
+    base_path = path.parent / base_name
+    if base_path.resolve() in chain:
+        cycle = " -> ".join(p.name for p in chain + (base_path.resolve(),))
+        raise ConfigError(f"{path}: extends: {base_name} makes a cycle ({cycle})")
+    if len(chain) > MAX_EXTENDS:
+        raise ConfigError(f"{path}: extends: more than {MAX_EXTENDS} files in one chain")
+    if not base_path.is_file():
+        raise ConfigError(f"{path}: extends: {base_name}: no such config file ({base_path})")
+    base = read_extended(base_path, _read_mapping(base_path), chain, chain_out)
+    return merge(base, doc, str(path))
+
+
+def _read_mapping(path: Path) -> dict:
+    doc = read_yaml(path)
+    if not isinstance(doc, dict):
+        found = "an empty file" if doc is None else f"a {type(doc).__name__}"
+        raise ConfigError(f"{path}: top level must be a mapping of keys (datasets:, methods:, ...), "
+                          f"found {found}")
+    return doc
 
 
 _WORDS = {"true": True, "false": False, "null": None, "~": None}

@@ -26,6 +26,7 @@ from typing import Any
 
 from mcfl import methods
 from mcfl.cluster.spec import select_k_settings
+from mcfl.config.compose import compose
 from mcfl.config.files import MAX_DEPTH, MAX_RUNS, ConfigError, _path
 from mcfl.data import SOURCES, source_fn
 from mcfl.data.repartition import label as partition_label
@@ -249,6 +250,7 @@ def _validate(cfg: dict, source: str) -> dict:
     schema = _schema()
     if not isinstance(cfg, dict):
         raise ConfigError(f"{source}: top level must be a mapping")
+    compose(cfg)                                # vars: and method sets, before the schema sees them
     _check_numbers(cfg, [])
     _fill_defaults(cfg, schema, schema)
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(cfg))

@@ -1,0 +1,87 @@
+"""Every shipped study's config expands to the runs, data settings and outputs recorded in
+``tests/data/config-expansions/`` (one JSON-lines file per study): rewriting a config (``extends:``,
+named method sets, ``vars:``) must leave what it plans unchanged bit for bit, so that every table
+built from it stays the same.
+
+A study is the config files and ``--config`` values it is run with (the Makefile's study targets
+and ``pipelines/dvc.yaml`` name the same). To record a new study's expansion, add it to
+:data:`STUDIES` and run ``python tests/test_config_expansions.py NAME``."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPANSIONS = ROOT / "tests" / "data" / "config-expansions"
+
+#: study -> (config files in order, Snakemake ``--config`` values)
+STUDIES: dict[str, tuple[list[str], dict]] = {
+    "default": (["config/config.yaml"], {}),
+    "six-seeds": (["config/six-seeds.yaml"], {}),
+    "fedcg-150": (["config/fedcg-150.yaml"], {}),
+    "celeba-sample": (["config/celeba-sample.yaml"], {}),
+    "fedcg-digits": (["config/fedcg-digits.yaml"], {}),
+    "fedcg-digits-invert": (["config/fedcg-digits-invert.yaml"], {}),
+    "fesem-digits-variants": (["config/fesem-digits-variants.yaml"], {}),
+    "paper-femnist": (["config/paper-femnist.yaml"], {}),
+    "paper-celeba": (["config/paper-celeba.yaml"], {}),
+    "paper-fedcg-femnist": (["config/paper-fedcg-femnist.yaml"], {}),
+    "paper-fedcg-celeba": (["config/paper-fedcg-celeba.yaml"], {}),
+    "paper-fedgsp-femnist": (["config/paper-fedgsp-femnist.yaml"], {}),
+    "femnist-sample": (["config/femnist-sample.yaml"], {}),
+    **{f"femnist-sample-{o}": ([f"config/femnist-sample/{o}.yaml"], {})
+       for o in ["paper", "authors", "authors-switches", "tune", "fedgsp", "fedcg", "variants",
+                 "switches", "h248", "flic"]},
+    **{f"femnist-sample-{p}": (["config/femnist-sample/precision.yaml"], {"vars": {"precision": p}})
+       for p in ["bf16", "tf32"]},
+}
+
+
+def expansion(files: list[str], overrides: dict) -> list:
+    """What the Snakefile plans from ``files`` and ``overrides`` (workflow/rules/common.smk's
+    reading, then :class:`mcfl.plan.Plan`), as plain JSON values: the validated config's sections
+    the files set (sections they leave to the schema's defaults are not the study's), the DAG's
+    data stores and final outputs, then every training run, keyed by (dataset, run, seed), in the
+    order the plan holds them (the configured runs in config order: the order of the tables' rows)."""
+    from mcfl.config import name_defaults, read_configs, validate_with_overrides
+    from mcfl.plan import Plan
+
+    paths = [str(ROOT / f) for f in files]
+    written = name_defaults(read_configs(paths), paths[-1])
+    cfg = validate_with_overrides(copy.deepcopy(written), overrides, " + ".join(files))
+    plan = Plan(cfg)
+    head = {"config": {k: cfg[k] for k in written if k in cfg},
+            "stores": sorted(plan.stores()), "targets": sorted(plan.targets())}
+    return [head] + [{"/".join(map(str, key)): run} for key, run in plan.runs.items()]
+
+
+def canonical(lines: list) -> str:
+    """One sorted-JSON line per item (a changed run shows as one changed line)."""
+    return "".join(json.dumps(item, sort_keys=True, default=str) + "\n" for item in lines)
+
+
+@pytest.mark.parametrize("study", sorted(STUDIES))
+def test_each_study_plans_what_it_planned_before(study, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    files, overrides = STUDIES[study]
+    recorded = (EXPANSIONS / f"{study}.jsonl").read_text()
+    assert canonical(expansion(files, overrides)) == recorded
+
+
+def test_every_recorded_study_is_still_shipped():
+    assert sorted(p.stem for p in EXPANSIONS.glob("*.jsonl")) == sorted(STUDIES)
+
+
+if __name__ == "__main__":                      # record the expansions named (all without names)
+    import os
+
+    os.chdir(ROOT)
+    EXPANSIONS.mkdir(parents=True, exist_ok=True)
+    for name in sys.argv[1:] or sorted(STUDIES):
+        (EXPANSIONS / f"{name}.jsonl").write_text(canonical(expansion(*STUDIES[name])))
+        print(f"recorded {name}")
