@@ -56,9 +56,11 @@ from torch.func import functional_call, vmap
 
 from mcfl.engine import (DeviceData, DivergenceError, FlatModel, LocalResult, LocalSpec,
                          LocalTrainer, Task, clip_coef, n_steps, sgd_step_)
+from mcfl.executors.forms import choose_conv_form
 from mcfl.executors.lowrank import LOWRANK, LowRankPath
 from mcfl.executors.projected import ProjectedPath
 from mcfl.executors.stack import LossCall, auto_chunk, client_ce, forward_macs, running_buffers, stack_parts
+from mcfl.models.conv import conv_form
 
 log = logging.getLogger("mcfl")
 
@@ -122,6 +124,10 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
         self._buffers = model.size > model.n_params
         self._lazy = (self._flat_linears(data) if lowrank > 0 and not self._unsupported and not self._buffers
                       else [])
+        # the convolutions' form for the stacked clients (mcfl.executors.forms): chosen per CPU
+        self.conv_form, self._form_why = (("grouped", "the model trains sequentially") if self._unsupported else
+                                          choose_conv_form(model.module, tuple(data.x["train"].shape[1:]),
+                                                           spec.batch_size, data.device))
 
     def _faster_fallback(self, data: DeviceData) -> str:
         """The faster of the stacked and the sequential path on this device (module docstring)."""
@@ -269,7 +275,8 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
             order = sorted(idx, key=lambda i: key[i])                   # stable: ties keep task order
             for a in range(0, len(order), size):
                 chunk = [tasks[i] for i in sorted(order[a:a + size], key=lambda i: -steps[i])]
-                with self.numerics():
+                self._say(f"batched executor: stacked convolutions in the {self.conv_form} form ({self._form_why})")
+                with self.numerics(), conv_form(self.model.module, self.conv_form):
                     results = self._train_chunk(chunk, rnd, lowrank, batching)
                 yield from zip(chunk, results)
 
