@@ -80,7 +80,7 @@ def step_seconds(module: nn.Module, form: str, x: torch.Tensor, y: torch.Tensor)
     with conv_form(module, form):
         logits = forward(params, x)
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
-        torch.autograd.grad(loss, [p for p in params.values() if p.requires_grad])
+        torch.autograd.grad(loss, [p for p in params.values() if p.requires_grad], allow_unused=True)
     return time.perf_counter() - t
 
 
