@@ -149,3 +149,19 @@ def test_same_form_repeats_bitwise_and_is_recorded(digits_store, tmp_path, monke
     g, mg = _run(digits_store, tmp_path / "g", monkeypatch, "grouped")
     assert mg["conv_form"] == "grouped"
     assert mg["final"]["micro_acc"] == pytest.approx(ma["final"]["micro_acc"], abs=0.05)
+
+
+def test_round_benchmark_counts_peak_and_times_both_forms(monkeypatch):
+    """benchmarks/conv_forms_round.py: peak = cores x GHz x lanes x 2 x FMA units, and its digits
+    step table has both forms with the Toeplitz gradients within float rounding of the grouped."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import conv_forms_round as bench
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+        assert bench.peak_gflops(2, 3.0, 2) == 2 * 3.0 * 8 * 2 * 2
+    rows = bench.digits_step_forms(clients=2, batch=4, reps=1)
+    assert [r[0] for r in rows] == ["grouped", "toeplitz"] and rows[0][2] == "bitwise equal"
+    assert rows[1][2] == "bitwise equal" or float(rows[1][2].split()[-1]) < 1e-5
