@@ -41,6 +41,9 @@ On the LEAF CNN (real writers, 16 a round, batch 5, one CPU thread) that made Fe
 and FedFusion's 1.7x faster than one client at a time (``benchmarks/methods_round.py --batch 5``;
 docs/performance.md). A custom loss may return diagnostics with its loss; both stacked and
 sequential paths sum them over each client's steps (``LocalResult.aux``).
+
+The stacked clients' convolutions (:class:`mcfl.models.conv.Conv2d` layers) take the form chosen
+for this CPU at start-up (:mod:`mcfl.executors.forms`; ``conv_form``, recorded in ``metrics.json``).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ from mcfl.executors.forms import choose_conv_form
 from mcfl.executors.lowrank import LOWRANK, LowRankPath
 from mcfl.executors.projected import ProjectedPath
 from mcfl.executors.stack import LossCall, auto_chunk, client_ce, forward_macs, running_buffers, stack_parts
-from mcfl.models.conv import conv_form
+from mcfl.models.conv import conv_form, conv_layers
 
 log = logging.getLogger("mcfl")
 
@@ -275,7 +278,8 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
             order = sorted(idx, key=lambda i: key[i])                   # stable: ties keep task order
             for a in range(0, len(order), size):
                 chunk = [tasks[i] for i in sorted(order[a:a + size], key=lambda i: -steps[i])]
-                self._say(f"batched executor: stacked convolutions in the {self.conv_form} form ({self._form_why})")
+                if conv_layers(self.model.module):
+                    self._say(f"batched executor: stacked convolutions in the {self.conv_form} form ({self._form_why})")
                 with self.numerics(), conv_form(self.model.module, self.conv_form):
                     results = self._train_chunk(chunk, rnd, lowrank, batching)
                 yield from zip(chunk, results)
