@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -173,7 +175,8 @@ def round_side_by_side(store: Path, writers: int, reps: int, threads: int, fma_u
 def report(args) -> str:
     from mcfl.executors.forms import PROBE_MARGIN
 
-    lines = [f"Output of `python benchmarks/conv_forms_round.py{' --quick' if args.quick else ''}`, "
+    env = "".join(f"{k}={os.environ[k]} " for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if k in os.environ)
+    lines = [f"Output of `{env}python benchmarks/conv_forms_round.py{args.command}`, "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC:", "", "```text",
              f"# {machine(torch.device('cpu'))}", f"# {vector_extensions()}"]
     forms = digits_step_forms(args.clients, 10, args.reps)
@@ -212,6 +215,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the figures to this Markdown file")
     ap.add_argument("--append", action="store_true", help="append to --out instead of replacing it")
     args = ap.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    for flag, n in (("--out", 2), ("--append", 1)):          # where it was written: not part of the figures
+        while flag in words:
+            i = words.index(flag)
+            del words[i:i + n]
+    args.command = "".join(f" {w}" for w in words)
     if args.quick:
         args.reps, args.writers, args.round_reps = 5, 21, 1
     torch.set_num_threads(args.threads)
