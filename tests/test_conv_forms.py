@@ -82,9 +82,10 @@ def test_form_is_restored_and_unknown_form_refused():
                                         "9.weight", "9.bias"]
 
 
-def test_large_layers_stay_grouped():
+def test_large_layers_stay_grouped(monkeypatch):
     """The FEMNIST CNN's Toeplitz matrices (19.7M entries for the first layer) are over the limit:
     its layers compute PyTorch's convolution in either form, and the chooser does not time it."""
+    monkeypatch.delenv(forms.ENV, raising=False)
     model = build("femnist_cnn", (1, 28, 28), 62, hidden=16)
     x = torch.randn(2, 1, 28, 28)
     with conv_form(model, "toeplitz"):
