@@ -22,7 +22,8 @@ last, so a killed job leaves nothing the report could take for a result):
   clustering figure (:mod:`mcfl.report.figures`); an empty dict for other methods;
 * ``metrics.json``     the run's identity (config, git revision, data hash), the machine (device,
   CPU kernels, threads, torch, ``precision``: what local training computed in,
-  :func:`mcfl.precision.precision_ran`) and final metrics.
+  :func:`mcfl.precision.precision_ran`; ``conv_form``: the form of the batched executor's stacked
+  convolutions, :mod:`mcfl.executors.forms`) and final metrics.
 
 Crash safety. A checkpoint (``checkpoint=PATH``, every ``checkpoint_every`` rounds, a large one less
 often: :class:`CheckpointClock`; written then renamed) holds everything the run carries between
@@ -100,7 +101,7 @@ class CheckpointClock:
 
 
 #: what a segment of a run records of the machine that trained it
-SEGMENT_KEYS = ("device", "device_name", "cpu", "threads", "torch", "git", "precision")
+SEGMENT_KEYS = ("device", "device_name", "cpu", "threads", "torch", "git", "precision", "conv_form")
 
 
 def _segments(ck: dict | None, machine: dict, start: int, end: int) -> list[dict]:
@@ -275,6 +276,8 @@ def train(run: dict[str, Any], store: str | Path, out_dir: str | Path, *,
     if dev.type == "cuda":                                         # which accelerator made it
         here["device_name"] = torch.cuda.get_device_name(dev)
     here["precision"] = precision_ran(tcfg.precision, dev)        # what local training computed in
+    # the form the batched executor's stacked convolutions took (mcfl.executors.forms)
+    here["conv_form"] = getattr(algo.fed.trainer, "conv_form", "grouped")
     if ck:
         state, start, rows = ck["state"], ck["round"] + 1, list(ck["history"])
         log.info("resuming %s from round %d (%s)", run["label"], ck["round"], ckpt_path)

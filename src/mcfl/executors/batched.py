@@ -41,6 +41,9 @@ On the LEAF CNN (real writers, 16 a round, batch 5, one CPU thread) that made Fe
 and FedFusion's 1.7x faster than one client at a time (``studies/methods_round.py --batch 5``;
 docs/performance.md). A custom loss may return diagnostics with its loss; both stacked and
 sequential paths sum them over each client's steps (``LocalResult.aux``).
+
+The stacked clients' convolutions (:class:`mcfl.models.conv.Conv2d` layers) take the form chosen
+for this CPU at start-up (:mod:`mcfl.executors.forms`; ``conv_form``, recorded in ``metrics.json``).
 """
 
 from __future__ import annotations
@@ -56,9 +59,11 @@ from torch.func import functional_call, vmap
 
 from mcfl.engine import (DeviceData, DivergenceError, FlatModel, LocalResult, LocalSpec,
                          LocalTrainer, Task, clip_coef, n_steps, sgd_step_)
+from mcfl.executors.forms import choose_conv_form
 from mcfl.executors.lowrank import LOWRANK, LowRankPath
 from mcfl.executors.projected import ProjectedPath
 from mcfl.executors.stack import LossCall, auto_chunk, client_ce, forward_macs, running_buffers, stack_parts
+from mcfl.models.conv import conv_form, conv_layers
 
 log = logging.getLogger("mcfl")
 
@@ -122,6 +127,10 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
         self._buffers = model.size > model.n_params
         self._lazy = (self._flat_linears(data) if lowrank > 0 and not self._unsupported and not self._buffers
                       else [])
+        # the convolutions' form for the stacked clients (mcfl.executors.forms): chosen per CPU
+        self.conv_form, self._form_why = (("grouped", "the model trains sequentially") if self._unsupported else
+                                          choose_conv_form(model.module, tuple(data.x["train"].shape[1:]),
+                                                           spec.batch_size, data.device))
 
     def _faster_fallback(self, data: DeviceData) -> str:
         """The faster of the stacked and the sequential path on this device (module docstring)."""
@@ -269,7 +278,9 @@ class BatchedTrainer(LowRankPath, ProjectedPath, LocalTrainer):
             order = sorted(idx, key=lambda i: key[i])                   # stable: ties keep task order
             for a in range(0, len(order), size):
                 chunk = [tasks[i] for i in sorted(order[a:a + size], key=lambda i: -steps[i])]
-                with self.numerics():
+                if conv_layers(self.model.module):
+                    self._say(f"batched executor: stacked convolutions in the {self.conv_form} form ({self._form_why})")
+                with self.numerics(), conv_form(self.model.module, self.conv_form):
                     results = self._train_chunk(chunk, rnd, lowrank, batching)
                 yield from zip(chunk, results)
 

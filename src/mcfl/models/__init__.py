@@ -11,7 +11,8 @@
   -> dense 64 -> ReLU -> dense classes.
 
 The FEMNIST and digits CNNs pool with :class:`mcfl.models.pool.MaxPool2d`: ``nn.MaxPool2d`` bit for
-bit, several times faster on a CPU for the stacked clients of the batched executor.
+bit, several times faster on a CPU for the stacked clients of the batched executor, and convolve with
+:class:`mcfl.models.conv.Conv2d`: ``nn.Conv2d`` with a choice of form for the stacked clients.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from typing import Callable
 import torch
 from torch import nn
 
+from mcfl.models.conv import Conv2d
 from mcfl.models.pool import MaxPool2d
 
 
 def femnist_cnn(input_shape, n_classes: int, hidden: int = 2048) -> nn.Module:
     c, h, w = input_shape
     return nn.Sequential(
-        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), MaxPool2d(2),
+        Conv2d(c, 32, 5, padding=2), nn.ReLU(), MaxPool2d(2),
+        Conv2d(32, 64, 5, padding=2), nn.ReLU(), MaxPool2d(2),
         nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), hidden), nn.ReLU(),
         nn.Linear(hidden, n_classes),
     )
@@ -54,8 +56,8 @@ def logreg(input_shape, n_classes: int) -> nn.Module:
 def digits_cnn(input_shape, n_classes: int, hidden: int = 64) -> nn.Module:
     c, h, w = input_shape
     return nn.Sequential(
-        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), MaxPool2d(2),
+        Conv2d(c, 16, 3, padding=1), nn.ReLU(), MaxPool2d(2),
+        Conv2d(16, 32, 3, padding=1), nn.ReLU(), MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), hidden), nn.ReLU(),
         nn.Linear(hidden, n_classes),
     )
