@@ -10,7 +10,7 @@ import os
 import textwrap
 from pathlib import Path
 
-from mcfl import replication_cli
+from mcfl.cli import replication as replication_cli
 from mcfl.cli.parser import _first_sentence, _plain, available_cores
 from mcfl.data.leaf import cli as leaf_cli
 from mcfl.replication import cost_line

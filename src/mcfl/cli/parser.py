@@ -6,7 +6,7 @@ import argparse
 import inspect
 import os
 
-from mcfl import replication_cli
+from mcfl.cli import replication as replication_cli
 from mcfl.data.leaf import cli as leaf_cli
 
 #: the parser's description: what ``mcfl --help`` shows above the sub-commands
