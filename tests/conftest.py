@@ -245,8 +245,8 @@ def scope_weights(tests: Path) -> dict[str, float]:
     tests and a half (when it goes whole, its fast tests go before the single fast ones), a module
     of the Slurm suite 100 (it runs one long sweep); what is not listed counts 0."""
     weights = {}
-    for f in sorted(tests.glob("test_*.py")):
-        text, module = f.read_text(), f"tests/{f.name}"
+    for f in sorted(tests.rglob("test_*.py")):
+        text, module = f.read_text(), f.relative_to(tests.parent).as_posix()
         names = set(SLOW_TEST.findall(text))
         if SLOW_MODULE.search(text):
             names |= set(re.findall(r"^def (test\w*)", text, re.M))
@@ -264,7 +264,8 @@ def longest_first(weights: dict[str, float], scope: str) -> float:
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    whole = {f"tests/{f.name}" for f in (ROOT / "tests").glob("test_*.py") if shares_a_module_fixture(f)}
+    whole = {f.relative_to(ROOT).as_posix() for f in (ROOT / "tests").rglob("test_*.py")
+             if shares_a_module_fixture(f)}
     weights = scope_weights(ROOT / "tests")
 
     class ModulesWithSharedFixtures(LoadScopeScheduling):

@@ -28,7 +28,7 @@ def test_modules_sharing_a_module_fixture_are_scheduled_whole():
     the Slurm suite's cluster must never start twice side by side, so its module goes whole."""
     from conftest import shares_a_module_fixture
 
-    assert shares_a_module_fixture(ROOT / "tests" / "test_slurm.py")
+    assert shares_a_module_fixture(ROOT / "tests" / "workflow" / "test_slurm.py")
     assert shares_a_module_fixture(ROOT / "tests" / "test_docs.py")
     assert not shares_a_module_fixture(ROOT / "tests" / "test_layout.py")
 
@@ -40,11 +40,11 @@ def test_the_longest_work_is_scheduled_first():
     from conftest import longest_first, scope_weights
 
     w = scope_weights(ROOT / "tests")
-    slurm, fedcg, celeba, fast = ("tests/test_slurm.py", "tests/test_fedcg.py",
-                                  "tests/test_real_data.py::test_celeba_sample_config_runs_end_to_end",
+    slurm, fedcg, celeba, fast = ("tests/workflow/test_slurm.py", "tests/algorithms/test_fedcg.py",
+                                  "tests/data/test_real_data.py::test_celeba_sample_config_runs_end_to_end",
                                   "tests/test_layout.py::test_the_longest_work_is_scheduled_first")
     assert longest_first(w, slurm) > longest_first(w, fedcg) > longest_first(w, celeba) > 0
     assert longest_first(w, "tests/test_layout.py") == 0.5 > longest_first(w, fast) == 0
-    assert longest_first(w, "tests/test_workflow.py::test_bad_config_stops_before_any_job") == 1   # pytestmark
-    assert longest_first(w, "tests/test_fedcg_workflow.py::test_overlays_retrain_fedcg_tables_in_their_"
+    assert longest_first(w, "tests/workflow/test_workflow.py::test_bad_config_stops_before_any_job") == 1   # pytestmark
+    assert longest_first(w, "tests/workflow/test_fedcg_workflow.py::test_overlays_retrain_fedcg_tables_in_their_"
                             "own_directory[six-seeds.yaml-results-6seeds-6-\"rounds\":60]") == 1

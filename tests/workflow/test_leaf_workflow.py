@@ -8,7 +8,7 @@ import yaml
 import leaf_helpers as H
 from conftest import ROOT
 from mcfl.data import load, prepare
-from test_workflow import job_counts, snakemake, write_config
+from dag_helpers import job_counts, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
