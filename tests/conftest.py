@@ -1,5 +1,6 @@
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -46,6 +47,26 @@ def synthetic_store(tmp_path_factory):
 
     return prepare("synthetic", tmp_path_factory.mktemp("data") / "synthetic", clients=24,
                    clusters=2, seed=1)
+
+
+@pytest.fixture(scope="session")
+def migrated_db(tmp_path_factory):
+    """An MLflow sqlite store with its tables created once (a fresh one costs seconds)."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def mlflow_uri(migrated_db, tmp_path, monkeypatch):
+    db = tmp_path / "mlflow.db"
+    shutil.copy(migrated_db, db)
+    uri = f"sqlite:///{db}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)                       # artifacts land in tmp_path/mlartifacts
+    return uri
 
 
 @pytest.fixture

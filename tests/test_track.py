@@ -12,7 +12,6 @@ from mcfl.timing import COLUMNS as TIME_COLUMNS
 from mcfl.track import MLflowTracker
 from mcfl.record import record_finished
 from dag_helpers import job_counts, snakemake, write_config
-from test_faults import migrated_db, mlflow_uri  # noqa: F401 - fixtures
 
 
 def _record(client, run_id):
