@@ -80,8 +80,9 @@ mlflow: setup
 report: setup
 	$(BIN)/snakemake --cores 1 --configfile config/config.yaml --report report.html
 
-# The tests run on two workers (pytest-xdist; a module with a module-scoped fixture stays on one
-# worker, tests/conftest.py); TEST_WORKERS=1 runs them in one process, as plain pytest.
+# The tests run on two workers (pytest-xdist, `--dist loadfile` from pyproject.toml: each test
+# module stays on one worker, the longest first, tests/conftest.py); TEST_WORKERS=1 runs them in
+# one process, as plain pytest.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 

@@ -17,7 +17,7 @@ Forms (the same function and parameters):
 The patches form is faster stacked, and it is not in the package: its matrix product (a 9-long
 inner dimension, through MKL) rounds differently depending on the process's earlier allocations,
 so reversing the order in which FedDane's clients are processed moved its weights by 2.5e-5 after
-two rounds, against 6e-8 with the convolution (``tests/test_faults.py``); ``MKL_CBWR=AVX2,STRICT``
+two rounds, against 6e-8 with the convolution (``tests/test_faults_resume.py``); ``MKL_CBWR=AVX2,STRICT``
 brought it to 4.8e-7. A package whose runs repeat bit for bit keeps the convolution.
 
 Two steps, as the executors take them: ``stacked``, 100 clients x batch 10 in one

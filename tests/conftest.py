@@ -1,5 +1,5 @@
 import os
-import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -46,6 +46,26 @@ def synthetic_store(tmp_path_factory):
 
     return prepare("synthetic", tmp_path_factory.mktemp("data") / "synthetic", clients=24,
                    clusters=2, seed=1)
+
+
+@pytest.fixture(scope="session")
+def migrated_db(tmp_path_factory):
+    """An MLflow sqlite store with its tables created once (a fresh one costs seconds)."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def mlflow_uri(migrated_db, tmp_path, monkeypatch):
+    db = tmp_path / "mlflow.db"
+    shutil.copy(migrated_db, db)
+    uri = f"sqlite:///{db}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)                       # artifacts land in tmp_path/mlartifacts
+    return uri
 
 
 @pytest.fixture
@@ -206,7 +226,8 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A mark on a module-level function that is not a test marks nothing: refuse it."""
+    """A mark on a module-level function that is not a test marks nothing: refuse it. Then, on a
+    pytest-xdist worker, the longest modules go first (below)."""
     import inspect
 
     seen = set()
@@ -220,62 +241,39 @@ def pytest_collection_modifyitems(config, items):
                     and any(m.name == "slow" for m in getattr(obj, "pytestmark", []))):
                 raise pytest.UsageError(f"{mod.__file__}: {name} is not a test but is marked slow; "
                                         "put the mark on the test that needs it")
+    _longest_modules_first(config, items)
 
 
 # ------------------------------------------------------------------------------ two workers
-# `make test` runs pytest-xdist with two workers. A test module with a module-scoped fixture (one
-# Snakemake run read by several tests, the Slurm cluster, a built site) goes to one worker whole, so
-# the fixture is made once (and two Slurm clusters never start side by side); every other test is
-# scheduled on its own. The longest work goes first (the Slurm module, then the slow tier: whole
-# modules by their number of slow tests, then single slow tests), the many short tests last, so
-# that both workers end together instead of one finishing a long test alone.
-MODULE_FIXTURE = re.compile(r"@pytest\.fixture\(scope=[\"']module[\"']")
-SLOW_MODULE = re.compile(r"^pytestmark\s*=.*\bmark\.slow\b", re.M)
-SLURM_MODULE = re.compile(r"^pytestmark\s*=.*\bmark\.slurm\b", re.M)
-SLOW_TEST = re.compile(r"@pytest\.mark\.slow\s*\n(?:\s*@.*\n)*\s*def (test\w*)")
+# `make test` runs pytest-xdist with two workers under `--dist loadfile --no-loadscope-reorder`
+# (pyproject.toml's addopts, public options of pytest-xdist): each test module goes to one worker
+# whole, so a module-scoped fixture (one Snakemake run read by several tests, the Slurm cluster, a
+# built site) is made once, and two Slurm clusters never start side by side. (`--dist loadgroup`
+# with `xdist_group` marks would spread the other modules test by test, but pytest-xdist 3.8 under
+# pytest 9.2 drops the groups without a word, so the modules with a shared fixture would split.)
+# The longest modules go first (the Slurm suite, then by their number of slow tests), the short ones
+# last, so that both workers end together instead of one finishing a long module alone: each worker
+# collects the modules in that order, and `--no-loadscope-reorder` makes pytest-xdist hand them
+# out in the order collected.
+def module_weight(marks: list[set[str]]) -> float:
+    """A rough length of a test module from the marks of its tests: its number of slow tests, and
+    100 for the Slurm suite (it runs one long sweep)."""
+    return 100.0 if any("slurm" in m for m in marks) else float(sum("slow" in m for m in marks))
 
 
-def shares_a_module_fixture(path: Path) -> bool:
-    return bool(MODULE_FIXTURE.search(path.read_text()))
+def longest_first(modules: dict[str, list[set[str]]]) -> list[str]:
+    """The test modules (path: the marks of each of its tests) heaviest first; equal ones in the
+    order given (collection order)."""
+    return sorted(modules, key=lambda m: -module_weight(modules[m]))
 
 
-def scope_weights(tests: Path) -> dict[str, float]:
-    """A rough length of each test module (``tests/test_x.py``) and slow test
-    (``tests/test_x.py::test_y``), from the marks in the source: a slow test 1, a module its slow
-    tests and a half (when it goes whole, its fast tests go before the single fast ones), a module
-    of the Slurm suite 100 (it runs one long sweep); what is not listed counts 0."""
-    weights = {}
-    for f in sorted(tests.glob("test_*.py")):
-        text, module = f.read_text(), f"tests/{f.name}"
-        names = set(SLOW_TEST.findall(text))
-        if SLOW_MODULE.search(text):
-            names |= set(re.findall(r"^def (test\w*)", text, re.M))
-        weights.update({f"{module}::{n}": 1.0 for n in names})
-        weights[module] = 100.0 if SLURM_MODULE.search(text) else len(names) + 0.5
-    return weights
-
-
-def longest_first(weights: dict[str, float], scope: str) -> float:
-    """The weight of a work unit: a whole module's, or a single test's (parameters stripped)."""
-    return weights.get(scope) if "::" not in scope else weights.get(scope.split("[", 1)[0], 0.0)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_xdist_make_scheduler(config, log):
-    from xdist.scheduler import LoadScopeScheduling
-
-    whole = {f"tests/{f.name}" for f in (ROOT / "tests").glob("test_*.py") if shares_a_module_fixture(f)}
-    weights = scope_weights(ROOT / "tests")
-
-    class ModulesWithSharedFixtures(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return module if module in whole else nodeid
-
-        def _assign_work_unit(self, node) -> None:
-            # the heaviest unit still queued goes next (the first of equals: collection order)
-            heaviest = max(self.workqueue, key=lambda s: longest_first(weights, s) or 0.0)
-            self.workqueue.move_to_end(heaviest, last=False)
-            super()._assign_work_unit(node)
-
-    return ModulesWithSharedFixtures(config, log)
+def _longest_modules_first(config, items) -> None:
+    """On a pytest-xdist worker, reorder the collection by `longest_first`, each module's tests
+    together and in their order; a plain run keeps the collection order."""
+    if not hasattr(config, "workerinput"):
+        return
+    modules: dict[str, list[set[str]]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append({m.name for m in item.iter_markers()})
+    rank = {m: i for i, m in enumerate(longest_first(modules))}
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])

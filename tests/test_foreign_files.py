@@ -84,7 +84,7 @@ def test_a_checkpoint_of_another_configs_run_is_refused_after_a_kill(digits_stor
     ck = tmp_path / "ck.pt"
     run = make_run(rounds=3, checkpoint_every=1)
     with pytest.raises(KeyboardInterrupt):
-        from test_faults import _DieAt
+        from fault_helpers import _DieAt
 
         train(run, digits_store, tmp_path / "a", checkpoint=ck, progress=False, tracker=_DieAt(2))
     saved = ck.read_bytes()

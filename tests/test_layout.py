@@ -1,6 +1,8 @@
 """The package's shape: every random stream's purpose id unique in its namespace (import cycles and
 the direction of imports: tests/test_imports.py)."""
 
+import pytest
+
 from conftest import ROOT
 
 SRC = ROOT / "src"
@@ -23,28 +25,47 @@ def test_random_stream_purposes_are_unique_per_namespace():
     assert len(ids(top)) == 10 and set(ids(server)) == {"GSP_GROUPING", "GSP_SAMPLING"}
 
 
-def test_modules_sharing_a_module_fixture_are_scheduled_whole():
-    """Under pytest-xdist a module-scoped fixture is made once per worker that runs one of its tests:
-    the Slurm suite's cluster must never start twice side by side, so its module goes whole."""
-    from conftest import shares_a_module_fixture
+class _Item:
+    """What the ordering hook reads of a collected test: its id and marks."""
 
-    assert shares_a_module_fixture(ROOT / "tests" / "test_slurm.py")
-    assert shares_a_module_fixture(ROOT / "tests" / "test_docs.py")
-    assert not shares_a_module_fixture(ROOT / "tests" / "test_layout.py")
+    def __init__(self, module, name, *marks):
+        self.nodeid = f"{module}::{name}"
+        self.marks = [getattr(pytest.mark, m).mark for m in marks]
+
+    def iter_markers(self):
+        return iter(self.marks)
 
 
-def test_the_longest_work_is_scheduled_first():
-    """Both workers end together only if the long units start first: the Slurm suite's module, then
-    whole modules by their slow tests, then single slow tests (a parameter of one too), then whole
-    modules of fast tests, then single fast tests."""
-    from conftest import longest_first, scope_weights
+def test_the_longest_modules_are_scheduled_first():
+    """Both workers end together only if the long modules start first: the Slurm suite's, then the
+    others by their slow tests (a slow parameter counts too); equal ones keep their collection
+    order."""
+    from conftest import longest_first, module_weight
 
-    w = scope_weights(ROOT / "tests")
-    slurm, fedcg, celeba, fast = ("tests/test_slurm.py", "tests/test_fedcg.py",
-                                  "tests/test_real_data.py::test_celeba_sample_config_runs_end_to_end",
-                                  "tests/test_layout.py::test_the_longest_work_is_scheduled_first")
-    assert longest_first(w, slurm) > longest_first(w, fedcg) > longest_first(w, celeba) > 0
-    assert longest_first(w, "tests/test_layout.py") == 0.5 > longest_first(w, fast) == 0
-    assert longest_first(w, "tests/test_workflow.py::test_bad_config_stops_before_any_job") == 1   # pytestmark
-    assert longest_first(w, "tests/test_fedcg_workflow.py::test_overlays_retrain_fedcg_tables_in_their_"
-                            "own_directory[six-seeds.yaml-results-6seeds-6-\"rounds\":60]") == 1
+    slow, fast, slurm = {"slow"}, set(), {"slow", "slurm"}
+    assert module_weight([slurm, slurm]) == 100 and module_weight([slow, fast, slow]) == 2
+    assert module_weight([fast, fast]) == 0
+    modules = {"fast": [fast], "one-slow": [fast, slow], "slurm": [slurm] * 4, "other-fast": [fast, fast],
+               "two-slow": [slow, slow, fast]}
+    assert longest_first(modules) == ["slurm", "two-slow", "one-slow", "fast", "other-fast"]
+
+
+def test_a_worker_takes_the_longest_modules_first_each_module_together():
+    """`--dist loadfile` keeps each module on one worker (its module-scoped fixtures made once); a
+    pytest-xdist worker orders its collection by module length, each module's tests together and in
+    their order; a plain run keeps the collection order."""
+    from types import SimpleNamespace
+
+    from conftest import _longest_modules_first
+
+    def collected():
+        return [_Item("tests/test_a.py", "fast"), _Item("tests/b/test_b.py", "one", "slow"),
+                _Item("tests/test_a.py", "slow", "slow"), _Item("tests/test_a.py", "slow2", "slow"),
+                _Item("tests/b/test_b.py", "two")]
+
+    items = collected()
+    _longest_modules_first(SimpleNamespace(), items)
+    assert [i.nodeid for i in items] == [i.nodeid for i in collected()]
+    _longest_modules_first(SimpleNamespace(workerinput={}), items)
+    assert [i.nodeid for i in items] == ["tests/test_a.py::fast", "tests/test_a.py::slow", "tests/test_a.py::slow2",
+                                         "tests/b/test_b.py::one", "tests/b/test_b.py::two"]

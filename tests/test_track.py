@@ -11,8 +11,7 @@ from mcfl.runner import train
 from mcfl.timing import COLUMNS as TIME_COLUMNS
 from mcfl.track import MLflowTracker
 from mcfl.record import record_finished
-from test_faults import migrated_db, mlflow_uri  # noqa: F401 - fixtures
-from test_workflow import job_counts, snakemake, write_config
+from dag_helpers import job_counts, snakemake, write_config
 
 
 def _record(client, run_id):

@@ -5,7 +5,7 @@
 # Quoting rule: every {field} in a shell command is written {field:q} (shell-quoted; a list is quoted
 # element by element, so an optional flag is a list: the flag and its value, or nothing). Config values
 # (results, data_dir, experiment, ...) then reach the command as single words whatever they contain;
-# tests/test_faults.py checks every rule file for it.
+# tests/workflow/test_workflow_faults.py checks every rule file for it.
 import os
 import sys
 import time

@@ -168,7 +168,7 @@ def _leaf_counts(root: Path) -> tuple[int, int, int] | None:
 
 def param_count(model: dict, x_shape: tuple, n_classes: int) -> int | None:
     """Trainable parameters of a model of the zoo (:mod:`mcfl.models`), counted from its
-    architecture without building it (no torch; ``tests/test_plan.py`` checks the counts against
+    architecture without building it (no torch; ``tests/plan/test_plan.py`` checks the counts against
     the built models); None for a model it does not know."""
     name, kw = model["name"], {k: v for k, v in model.items() if k != "name"}
     if name == "logreg":
@@ -192,7 +192,7 @@ def param_count(model: dict, x_shape: tuple, n_classes: int) -> int | None:
 
 def forward_macs(model: dict, x_shape: tuple, n_classes: int) -> int | None:
     """Multiply-adds of one sample's forward pass through a model of the zoo (:mod:`mcfl.models`),
-    counted from its architecture without building it (no torch; ``tests/test_plan.py`` checks
+    counted from its architecture without building it (no torch; ``tests/plan/test_plan.py`` checks
     the counts against the built models); None for a model it does not know."""
     name, kw = model["name"], {k: v for k, v in model.items() if k != "name"}
     if name == "logreg":

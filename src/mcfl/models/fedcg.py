@@ -45,7 +45,7 @@ Eq. 6 (adjacency from the parameters, computed by the server and sent with them)
   by (K lambda - 1) / (K - 1), which is 0 at lambda = 1/K: then every domain gets the same
   parameters. With K = 2, A is [[lambda, 1 - lambda], [1 - lambda, lambda]] whatever the distances,
   so the guess lambda = 0.5 (this package before 2026-11) erased all domain information after the
-  first distance update (tests/test_fedcg.py, two domains with conflicting labels: 52% with it, as
+  first distance update (tests/algorithms/test_fedcg.py, two domains with conflicting labels: 52% with it, as
   FedAvg, against 99% with 0.75 or without the GCN). Any lambda > 0.5 makes A strictly diagonally
   dominant, hence invertible for every K and every similarity (Gershgorin: every eigenvalue's real
   part is at least 2 lambda - 1, 0.5 at 0.75); with equal similarities 0.75 keeps 0.5 of a

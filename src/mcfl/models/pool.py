@@ -12,7 +12,7 @@ those of ``nn.MaxPool2d``: both of PyTorch's kernels scan each window in the sam
 its first maximum; only the memory order of the planes differs. Under ``vmap`` the clients'
 dimension is folded into the channels (pooling is per plane), a view of the stacked convolution's
 output, not a copy. The backward pass is PyTorch's own, in the usual layout. On a GPU, and for
-small inputs, it is ``F.max_pool2d`` itself. ``tests/test_pool.py`` checks the equality with tied
+small inputs, it is ``F.max_pool2d`` itself. ``tests/models/test_pool.py`` checks the equality with tied
 maxima, plain and under ``vmap``; ``studies/digits_cnn_forms.py`` times it.
 """
 

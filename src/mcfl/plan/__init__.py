@@ -14,7 +14,7 @@ per stage, each a module of this package named after its rule file:
 =====================  ==========================================  =================================
 
 The rule files only declare rules over these, so this package is where the DAG's logic is tested
-(``tests/test_plan.py``) and nothing depends on the order in which the rule files are included.
+(``tests/plan/test_plan.py``) and nothing depends on the order in which the rule files are included.
 
 One convention for a job's settings: a rule's ``params`` are a planner's values or methods of the
 job's wildcards (``w``); those derived from the job's files take ``(w, input)``. The rule's shell

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from test_workflow import snakemake, write_config
+from dag_helpers import snakemake, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import yaml
 
 from mcfl.config import expand_runs, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE, AUTHORS = ROOT / "config" / "femnist-sample.yaml", ROOT / "config" / "femnist-sample" / "authors.yaml"
 
 
@@ -82,7 +82,7 @@ def test_two_round_variant_end_to_end(tmp_path, cli_env):
     own results: the writers are prepared, FeSEM's random partition made, both methods trained and
     scored under V1, every FeSEM round trains exactly 2 clients of each cluster, and the table has
     the authors' code column filled."""
-    from test_workflow import snakemake
+    from dag_helpers import snakemake
 
     authors = yaml.safe_load(AUTHORS.read_text())
     keep = {"FedAvg": None, "FeSEM": 2}

@@ -101,7 +101,7 @@ def test_dvc_repro_without_activation_reruns_only_the_changed_dataset(tmp_path):
     the first run prepares and trains both datasets; `dvc status` is clean after it; a second run
     starts nothing; a changed prepare parameter of one dataset re-prepares and retrains that
     dataset alone, and `dvc status` is clean again."""
-    from test_workflow import job_counts
+    from dag_helpers import job_counts
 
     if sys.prefix == sys.base_prefix:
         pytest.skip("the stages start Snakemake from the project's .venv; these tests run outside one")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A single-node Slurm cluster on localhost for the tests (Debian's slurm-wlm + munge; nothing else is
-# contacted). Usage:  tests/slurm/start-cluster.sh [STATE_DIR]   (default /tmp/mcfl-slurm)
+# contacted). Usage:  tests/workflow/slurm/start-cluster.sh [STATE_DIR]   (default /tmp/mcfl-slurm)
 # Writes /etc/slurm/slurm.conf (one node, 2 CPUs, partition `cpu`; a `gpu` partition with a GRES entry
 # only where nvidia-smi finds a GPU), starts munged, slurmctld and slurmd as daemons, and waits until
 # `sinfo` shows the node idle. Stop with stop-cluster.sh.

@@ -14,7 +14,7 @@ from scipy.stats import binomtest
 from conftest import real_data
 from mcfl.report.protocols import table, write
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FEMNIST_SAMPLE, needs_femnist = real_data("femnist-leaf-sample")
 
 
@@ -180,7 +180,7 @@ def test_femnist_sample_config_small_variant_end_to_end(tmp_path, cli_env):
     protocol, the report and the protocol table."""
     import yaml
 
-    from test_workflow import snakemake
+    from dag_helpers import snakemake
 
     cfg = yaml.safe_load((ROOT / "config" / "femnist-sample.yaml").read_text())
     cfg["seeds"] = [0]

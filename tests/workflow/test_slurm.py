@@ -1,6 +1,6 @@
 """The DAG on a real (single-node) Slurm cluster, recorded by a real MLflow tracking server.
 
-One sweep (tests/slurm/tiny.yaml: 2 datasets x 2 methods, one seed) goes through
+One sweep (tests/workflow/slurm/tiny.yaml: 2 datasets x 2 methods, one seed) goes through
 `snakemake --profile profiles/slurm --workflow-profile profiles/slurm-test`, every job via `sbatch`,
 with live tracking into `mlflow server`. During it, one training job is `scancel`ed mid-run (the
 profile's retry resumes it from its checkpoint) and the tracking server is killed and restarted. The
@@ -32,7 +32,7 @@ from mcfl.timing import without_times
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-SLURM = ROOT / "tests" / "slurm"
+SLURM = ROOT / "tests" / "workflow" / "slurm"
 TINY = SLURM / "tiny.yaml"
 CANCEL = ("synthetic", "FedAvg", "0")          # the job scancel'ed mid-run
 OUTPUT_FILES = ("history.csv", "assignments.csv", "predictions.csv", "state.pt")

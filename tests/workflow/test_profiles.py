@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from conftest import ROOT
-from test_workflow import job_counts
+from dag_helpers import job_counts
 
 PROFILE = ROOT / "profiles" / "gpu"
 

@@ -64,24 +64,3 @@ def test_a_wide_table_scrolls_inside_its_box_and_the_page_fits(tmp_path):
     page_w, window_w, box_w, content_w = map(int, re.search(r"<title>([\d ]+)</title>", dom).group(1).split())
     assert page_w <= window_w and box_w <= window_w
     assert content_w > box_w                                   # wider than the box: it scrolls there
-
-
-def tables_shown(report, category: str, result: str) -> int:
-    """Open Snakemake's ``report`` in headless Chromium (Playwright) as a reader does: the category,
-    then the eye of ``result``; the number of tables the page shown inline holds."""
-    sync_playwright = pytest.importorskip("playwright.sync_api", reason="the [docs] extra is not installed").sync_playwright
-    if CHROMIUM is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(report.as_uri())
-            page.get_by_text(category, exact=True).first.click()
-            row = page.locator("tr", has_text=result).first
-            row.locator('a[iconname="eye"]').click()
-            page.wait_for_timeout(1500)
-            shown = [f for f in page.frames if f.url.startswith("data:text/html")]
-            return sum(f.locator("table").count() for f in shown)
-        finally:
-            browser.close()

@@ -1,13 +1,11 @@
 """The Snakemake DAG end to end on a tiny config, in a scratch directory."""
 
 import re
-import subprocess
 
 import pandas as pd
 import pytest
-import yaml
 
-from conftest import ROOT
+from dag_helpers import job_counts, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -21,33 +19,6 @@ TINY = {
     }},
     "methods": [{"method": "FedAvg"}, {"method": "NoFed"}, {"method": "FeSEM", "K": [2], "restarts": 2}],
 }
-
-
-def snakemake(workdir, env, *args):
-    cmd = ["snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--cores", "2",
-           *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-
-
-def job_counts(stdout):
-    """{rule: count} from a dry run's job-stats table."""
-    counts, on = {}, False
-    for line in stdout.splitlines():
-        if line.startswith("job ") and "count" in line:
-            on = True
-            continue
-        if on:
-            parts = line.split()
-            if parts and parts[0] == "total":
-                break
-            if len(parts) == 2 and parts[1].isdigit() and parts[0].isidentifier():
-                counts[parts[0]] = int(parts[1])
-    return counts
-
-
-def write_config(workdir, cfg):
-    (workdir / "config").mkdir(exist_ok=True)
-    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
 
 
 def test_dag_runs_end_to_end_and_reruns_only_what_changed(tmp_path, cli_env):

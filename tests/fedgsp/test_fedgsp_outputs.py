@@ -241,7 +241,7 @@ def test_fedgsp_rules_run_in_the_dag(tmp_path, cli_env):
     rep = subprocess.run([*cmd, "--report", str(tmp_path / "report.html")], env=cli_env,
                          capture_output=True, text=True, timeout=600)
     assert rep.returncode == 0, rep.stderr[-3000:]
-    from test_report_html import tables_shown
+    from dag_helpers import tables_shown
 
     assert tables_shown(tmp_path / "report.html", "FedGSP", "results/fedgsp/a/table.html") == 1
     # the page is written inside the results directory; nothing under the project's docs/

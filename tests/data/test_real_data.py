@@ -215,7 +215,7 @@ def leaf_and_digits_config(tmp_path, run: str, shards: int, experiment: str) -> 
 @needs_femnist
 @pytest.mark.slow
 def test_workflow_prepares_leaf_json_and_reruns_only_what_an_edited_file_affects(tmp_path, cli_env):
-    from test_workflow import job_counts, snakemake, write_config
+    from dag_helpers import job_counts, snakemake, write_config
 
     cfg, leaf = leaf_and_digits_config(tmp_path, "leaf-torch", 2, "leaf-json-wf")
     write_config(tmp_path, cfg)
@@ -246,7 +246,7 @@ def test_celeba_sample_config_runs_end_to_end(tmp_path, cli_env):
     import pandas as pd
     import yaml
 
-    from test_workflow import snakemake
+    from dag_helpers import snakemake
 
     cfg = yaml.safe_load((ROOT / "config" / "celeba-sample.yaml").read_text())
     cfg["datasets"]["celeba_sample"]["prepare"]["origin"] = str(CELEBA_SAMPLE)
@@ -272,7 +272,7 @@ def test_dvc_repro_reruns_exactly_what_an_edited_leaf_file_affects(tmp_path, cli
 
     import yaml
 
-    from test_workflow import job_counts
+    from dag_helpers import job_counts
 
     proj = tmp_path / "proj"
     for name in ("Snakefile", "dvc.yaml", "params.yaml", ".dvcignore", "workflow", "src/mcfl"):

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from test_workflow import job_counts, snakemake, write_config
+from dag_helpers import job_counts, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_fedcg_tables_are_built_from_the_runs(tmp_path, cli_env):
     html = (tmp_path / "report.html").read_text(errors="replace")
     assert '"results/fedcg/tables.html": {"name": "tables.html"' in html     # a result of its own
     assert '"results/fedcg/table3.csv": {' not in html
-    from test_report_html import tables_shown
+    from dag_helpers import tables_shown
 
     assert tables_shown(tmp_path / "report.html", "FedCG", "results/fedcg/tables.html") == 3
 

@@ -9,7 +9,7 @@ import leaf_helpers as H
 from conftest import ROOT
 from mcfl.config import load_config
 from mcfl.data import load, prepare
-from test_workflow import job_counts, snakemake, write_config
+from dag_helpers import job_counts, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -136,7 +136,7 @@ def test_the_dag_runs_one_first_models_job_a_seed_and_feeds_it_to_the_centre_job
     a seed, and every centre job of those seeds but FedDist's passes its file to `mcfl init-centres`."""
     import shlex
 
-    from test_workflow import job_counts, snakemake
+    from dag_helpers import job_counts, snakemake
 
     r = snakemake(tmp_path, cli_env, "-n", "-p", "--configfile", str(ROOT / "config" / "femnist-sample.yaml"),
                   str(ROOT / "config" / "femnist-sample" / "authors.yaml"))

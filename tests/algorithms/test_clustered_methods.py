@@ -222,7 +222,7 @@ def test_the_new_methods_and_the_aliases_run_through_snakemake(tmp_path, cli_env
     their original-paper switches: the DAG trains them and tabulates one row each, with clusters."""
     import pandas as pd
 
-    from test_workflow import snakemake, write_config
+    from dag_helpers import snakemake, write_config
 
     cfg = {"experiment": "clustered-test", "seeds": [0],
            "datasets": {"digits": {
