@@ -76,7 +76,7 @@ def test_a_checkpoint_of_this_run_with_other_settings_is_ignored(digits_store, t
 @pytest.mark.parametrize("method", ["NaiveGSP+ICG", "FeSEM", "NoFed"])
 def test_a_checkpoint_puts_models_on_the_run_device_and_indices_on_the_cpu(method, digits_store,
                                                                            tmp_path, monkeypatch):
-    """Resuming on another device (tests/test_cuda.py does it on a GPU): the float tensors (models)
+    """Resuming on another device (tests/executors/test_cuda.py does it on a GPU): the float tensors (models)
     go to the resuming run's device, here PyTorch's "meta" device, and the index tensors (groups,
     assignments, flags) stay on the CPU, where init() makes them and round() reads them with
     .numpy(). Mapping the whole state to the device broke CPU -> CUDA resumes."""

@@ -1,5 +1,5 @@
 """The round loop: a shared client stream, divergence, outputs. Determinism and resume for every
-algorithm: tests/test_faults.py."""
+algorithm: tests/test_faults_resume.py."""
 
 import json
 import sys

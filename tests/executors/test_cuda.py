@@ -1,6 +1,6 @@
 """The CUDA paths: the engine's step, the batched executor (stacked and low-rank) and every
 algorithm's whole run on a GPU agree with the CPU. Skipped where CUDA is absent (CI); on a GPU
-machine: ``CUBLAS_WORKSPACE_CONFIG=:4096:8 pytest tests/test_cuda.py``.
+machine: ``CUBLAS_WORKSPACE_CONFIG=:4096:8 pytest tests/executors/test_cuda.py``.
 
 TF32 is switched off inside these tests so that the GPU computes in float32 like the CPU and the
 comparisons can be tight; training runs leave TF32 as PyTorch sets it (see the README)."""

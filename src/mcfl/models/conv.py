@@ -16,7 +16,7 @@
   (:data:`TOEPLITZ_MAX_ENTRIES`).
 
 Which form the executor uses is chosen per CPU (:mod:`mcfl.executors.forms`); the two differ by
-float rounding only (``tests/test_conv_forms.py`` checks values and gradients against
+float rounding only (``tests/models/test_conv_forms.py`` checks values and gradients against
 ``torch.nn.functional.conv2d``).
 """
 

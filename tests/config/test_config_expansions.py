@@ -1,11 +1,11 @@
 """Every shipped study's config expands to the runs, data settings and outputs recorded in
-``tests/data/config-expansions/`` (one JSON-lines file per study): rewriting a config (``extends:``,
+``tests/config/expansions/`` (one JSON-lines file per study): rewriting a config (``extends:``,
 named method sets, ``vars:``) must leave what it plans unchanged bit for bit, so that every table
 built from it stays the same.
 
 A study is the config files and ``--config`` values it is run with (the Makefile's study targets
 and ``pipelines/dvc.yaml`` name the same). To record a new study's expansion, add it to
-:data:`STUDIES` and run ``python tests/test_config_expansions.py NAME``."""
+:data:`STUDIES` and run ``python tests/config/test_config_expansions.py NAME``."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-EXPANSIONS = ROOT / "tests" / "data" / "config-expansions"
+ROOT = Path(__file__).resolve().parents[2]
+EXPANSIONS = ROOT / "tests" / "config" / "expansions"
 
 #: study -> (config files in order, Snakemake ``--config`` values)
 STUDIES: dict[str, tuple[list[str], dict]] = {

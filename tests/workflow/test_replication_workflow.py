@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from test_workflow import job_counts, snakemake, write_config
+from dag_helpers import job_counts, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -157,7 +157,7 @@ def test_round_benchmark_counts_peak_and_times_both_forms(monkeypatch):
     step table has both forms with the Toeplitz gradients within float rounding of the grouped."""
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import conv_forms_round as bench
 
     with monkeypatch.context() as m:
