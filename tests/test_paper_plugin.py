@@ -121,12 +121,14 @@ def test_the_dag_builds_the_new_papers_table_on_the_tiny_digits_data(tmp_path, c
     env = {**cli_env, "PYTHONPATH": str(site)}
     shutil.copy(PLUGIN / "toy.yaml", tmp_path / "toy.yaml")
     r = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
-                        str(tmp_path), "--cores", "2", "--configfile", "toy.yaml", "--config", "tracking=false"],
+                        str(tmp_path), "--cores", "2", "--configfile", str(tmp_path / "toy.yaml"),
+                        "--config", "tracking=false"],
                        env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = list(csv.DictReader(open(tmp_path / "results" / "toy" / "table1.csv")))
+    results = tmp_path / "results-toy"                  # named after the config file
+    rows = list(csv.DictReader(open(results / "toy" / "table1.csv")))
     assert [(x["method"], x["seeds"], x["paper"]) for x in rows] == [("FedAvg", "2", "0.9"), ("NoFed", "2", "0.5")]
     for x in rows:          # the mean of its runs' final accuracy
-        accs = [json.loads((tmp_path / "results" / "runs" / "digits" / x["method"] / f"seed{s}" / "metrics.json")
+        accs = [json.loads((results / "runs" / "digits" / x["method"] / f"seed{s}" / "metrics.json")
                            .read_text())["final"]["micro_acc"] for s in (0, 1)]
         assert float(x["micro_acc"]) == pytest.approx(sum(accs) / 2, abs=1e-6)
