@@ -14,7 +14,11 @@ for job in P.paper_jobs():
             **job.input,
         output:
             **{
-                k: (report(v, caption=f"../report/{job.reports[k][0]}", category=job.reports[k][1]) if k in job.reports else v)
+                k: (
+                    report(v, caption=f"../report/{job.reports[k][0]}", category=job.reports[k][1])
+                    if k in job.reports
+                    else v
+                )
                 for k, v in job.outputs.items()
             },
         log:
