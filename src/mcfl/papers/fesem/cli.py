@@ -1,12 +1,11 @@
 """``mcfl paper fesem {clusters,cases}``: FeSEM's clustering figures (Long et al., World Wide Web
 2022, §6.2): Fig. 4 (sampled clients' local models in 2-D, coloured by cluster and by true cluster)
-and Fig. 5 (samples of a few clients of each cluster), drawn by :mod:`mcfl.report.figures`.
+and Fig. 5 (samples of a few clients of each cluster), drawn by :mod:`.figures`.
 ``mcfl figure {clusters,cases}`` is the same command."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 DEVICE_HELP = ("where to compute: cpu, cuda, cuda:N (the N-th GPU), or auto = the GPU when PyTorch "
                "sees one, else the CPU (default: auto)")
@@ -48,28 +47,8 @@ def add_outputs(w) -> None:
 
 def write(a) -> int:
     """Draw the figure ``a.output`` names."""
-    from mcfl.report import figures         # (matplotlib, torch: only when a figure is drawn)
+    from mcfl.papers.fesem import figures      # (torch, matplotlib: only when a figure is drawn)
 
-    if a.output == "clusters":
-        res = _clusters(a, figures)
-    else:
-        res = figures.cases_figure(a.store, a.assignments, a.out, clients_per_cluster=a.clients,
-                                   samples=a.samples, seed=a.seed, title=a.title)
+    res = figures.clusters(a) if a.output == "clusters" else figures.cases(a)
     print(f"{a.out}: {res}")
     return 0
-
-
-def _clusters(a, figures):
-    from mcfl.cluster.snapshot import cluster_snapshot
-    from mcfl.config import parse_run
-    from mcfl.federation import resolve_device
-    from mcfl.io import staged
-    from mcfl.runner import configure_torch
-
-    run = parse_run(a.run)
-    dev = resolve_device(a.device)
-    configure_torch(dev, a.threads)
-    snap = cluster_snapshot(run, a.store, a.state, n_clients=a.clients, centres=a.projection == "pca",
-                            seed=a.seed, device=dev)
-    with staged(Path(a.out).parent) as stage:         # the PNG and its CSV, both or neither
-        return figures.clusters_figure(snap, stage / Path(a.out).name, projection=a.projection, seed=a.seed)
