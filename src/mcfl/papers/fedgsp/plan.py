@@ -132,10 +132,11 @@ class FedGSPPlan:
                          args, {"figure": kind})
 
     def _publish(self) -> Job:
-        """Table 1 and the figures copied into the docs with their provenance (``mcfl publish``)."""
+        """Table 1 and the figures copied into the docs with their provenance (``mcfl publish``):
+        those of the sweeps too, when the config has them (their jobs finish first)."""
         page = self.block["publish"]
-        job = self._job("publish", {"table": self.out("table.md"),
-                                    "figures": [self.out(f) for f in ("cpd.png", "curves.png", "cost.png")],
+        figures = ["cpd.png", "curves.png", "cost.png"] + [f"{k}.png" for k in ("heatmap", "kappa") if self.sweeps[k]]
+        job = self._job("publish", {"table": self.out("table.md"), "figures": [self.out(f) for f in figures],
                                     "runs": self.plan.run_outputs("metrics.json", self.main())},
                         {"page": page["out"] + ".md"},
                         ["--results", self.out(""), "--figures", ".", "--out", page["out"],
