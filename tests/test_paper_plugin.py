@@ -132,3 +132,18 @@ def test_the_dag_builds_the_new_papers_table_on_the_tiny_digits_data(tmp_path, c
         accs = [json.loads((results / "runs" / "digits" / x["method"] / f"seed{s}" / "metrics.json")
                            .read_text())["final"]["micro_acc"] for s in (0, 1)]
         assert float(x["micro_acc"]) == pytest.approx(sum(accs) / 2, abs=1e-6)
+
+
+def test_mcfl_paper_with_a_paper_that_cannot_be_used_is_one_line(monkeypatch, capsys):
+    from mcfl.cli import main
+
+    ep = SimpleNamespace(name="bad", value="x:PAPER", load=lambda: 42)
+    monkeypatch.setattr(papers, "_entry_points", lambda: {"bad": ep})
+    papers.papers.cache_clear()
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["paper", "fedcg", "tables", "--out", "o", "r"])
+        assert str(e.value) == "mcfl paper: error: entry point x:PAPER (mcfl.papers): 42 is not an mcfl.papers.Paper"
+        assert main(["methods"]) == 0              # other commands do not load the papers
+    finally:
+        papers.papers.cache_clear()

@@ -38,7 +38,9 @@ HEAVY = {"prepare": "prepare a dataset into a store",
          "partition": "re-partition a store's samples into new clients",
          "download": leaf_cli.DOWNLOAD_HELP,
          "fedgsp": "FedGSP tables and figures (CPD, Table 1, heatmaps, kappa; = mcfl paper fedgsp)",
-         "paper": "a registered paper's tables and figures: mcfl paper PAPER OUTPUT ..."}
+         "paper": "a registered paper's tables and figures: mcfl paper PAPER OUTPUT ...",
+         "figure": "FeSEM's clustering figures (Fig. 4: clusters, Fig. 5: cases; = mcfl paper fesem)",
+         "report-fedcg": "FedCG's ablation tables (Tables 3-5) from run directories (= mcfl paper fedcg tables)"}
 
 
 def available_cores() -> int:
@@ -134,27 +136,31 @@ def _add_partition_parser(sub) -> None:
 
 def _add_paper_parsers(sub, full) -> None:
     """``mcfl paper PAPER OUTPUT ...``: every registered paper's outputs (:mod:`mcfl.papers`), and
-    the older names of the built-in papers' outputs: ``figure`` (FeSEM), ``fedgsp``, ``report-fedcg``."""
+    the older names of the built-in papers' outputs: ``figure`` (FeSEM), ``fedgsp``, ``report-fedcg``.
+    Each is built only when it is the command (the registry loads the installed papers)."""
     from mcfl.papers import get, papers
 
     if full("paper"):
         p = sub.add_parser("paper", help=HEAVY["paper"])
         w = p.add_subparsers(dest="paper", required=True, metavar="PAPER")
-        for name, paper in papers().items():
-            q = w.add_parser(name, help=paper.title, description=paper.title)
-            paper.commands().add_outputs(q.add_subparsers(dest="output", required=True, metavar="OUTPUT"))
-    p = sub.add_parser("figure", help="FeSEM's clustering figures (Fig. 4: clusters, Fig. 5: cases; "
-                                      "= mcfl paper fesem)")
-    get("fesem").commands().add_outputs(p.add_subparsers(dest="output", required=True, metavar="FIGURE"))
-    p.set_defaults(paper="fesem")
+        try:
+            for name, paper in papers().items():
+                q = w.add_parser(name, help=paper.title, description=paper.title)
+                paper.commands().add_outputs(q.add_subparsers(dest="output", required=True, metavar="OUTPUT"))
+        except ValueError as e:         # mcfl.papers.PaperError: an installed paper that cannot be used
+            raise SystemExit(f"mcfl paper: error: {e}") from None
+    if full("figure"):
+        p = sub.add_parser("figure", help=HEAVY["figure"])
+        get("fesem").commands().add_outputs(p.add_subparsers(dest="output", required=True, metavar="FIGURE"))
+        p.set_defaults(paper="fesem")
     if full("fedgsp"):
         p = sub.add_parser("fedgsp", help=HEAVY["fedgsp"])
         get("fedgsp").commands().add_outputs(p.add_subparsers(dest="output", required=True))
         p.set_defaults(paper="fedgsp")
-    p = sub.add_parser("report-fedcg", help="FedCG's ablation tables (Tables 3-5) from run directories "
-                                            "(= mcfl paper fedcg tables)")
-    get("fedcg").commands().add_tables_arguments(p)
-    p.set_defaults(paper="fedcg", output="tables")
+    if full("report-fedcg"):
+        p = sub.add_parser("report-fedcg", help=HEAVY["report-fedcg"])
+        get("fedcg").commands().add_tables_arguments(p)
+        p.set_defaults(paper="fedcg", output="tables")
 
 
 DEVICE_HELP = ("where to compute: cpu, cuda, cuda:N (the N-th GPU), or auto = the GPU when PyTorch "
