@@ -174,7 +174,7 @@ def test_the_results_table_marks_a_row_with_a_diverged_seed(tmp_path):
 
 def test_fedgsp_table_marks_a_row_with_a_diverged_seed(tmp_path):
     from mcfl.fedgsp.metrics import CostModel
-    from mcfl.report.fedgsp import divergence_notes, load_runs, table, table_markdown
+    from mcfl.papers.fedgsp.tables import divergence_notes, load_runs, table, table_markdown
 
     jump = {"round": 2, "reason": "test_loss ...", "rounds": [2]}
     dirs = [_fake_run(tmp_path, "ds", "NaiveGSP+ICG", s, a, jump if s == 2 else None)

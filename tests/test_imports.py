@@ -187,7 +187,7 @@ def mcfl_imports() -> dict[str, set[str]]:
 def test_the_import_walk_sees_function_level_imports_and_skips_type_checking_ones():
     g = mcfl_imports()
     assert "mcfl.data.leaf.fetch" in g["mcfl.plan.data"]          # inside PreparePlan.raw_inputs
-    assert "mcfl.algorithms.fedgsp" in g["mcfl.plan.fedgsp"]       # inside FedGSPPlan.base_params
+    assert "mcfl.algorithms.fedgsp" in g["mcfl.papers.fedgsp.plan"]   # inside FedGSPPlan.base_params
     assert "mcfl.snapshot" not in g["mcfl.report.figures"]   # an annotation's only
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from conftest import ROOT, make_run
 from mcfl.config import ConfigError, expand_runs, validate
-from mcfl.fedgsp.config import sweep_runs
+from mcfl.papers.fedgsp.config import sweep_runs
 from mcfl.fedgsp.metrics import CostModel, t_comm
 
 BASE = {
@@ -115,7 +115,7 @@ def gsp_runs(tmp_path_factory, digits_store):
 
 
 def test_table_reports_accuracy_loss_rounds_and_costs(gsp_runs, digits_store, tmp_path):
-    from mcfl.report.fedgsp import train_settings, write_table
+    from mcfl.papers.fedgsp.tables import train_settings, write_table
 
     dirs, runs = gsp_runs
     names = ["FedAvg", "FedGSP"]
@@ -142,7 +142,7 @@ def test_table_reports_accuracy_loss_rounds_and_costs(gsp_runs, digits_store, tm
 
 
 def test_heatmap_and_kappa_sweeps(gsp_runs, digits_store, tmp_path):
-    from mcfl.report.fedgsp import train_settings, write_heatmap, write_kappa
+    from mcfl.papers.fedgsp.tables import train_settings, write_heatmap, write_kappa
 
     dirs, runs = gsp_runs
     h = write_heatmap([dirs["FedGSP"], dirs["FedGSP-a1"]], tmp_path)
@@ -162,7 +162,7 @@ def test_cpd_study_uses_the_ablations_groupings(digits_store, tmp_path):
     from mcfl.federation import build_federation
     from mcfl.data import load
     from mcfl.fedgsp.metrics import group_counts, pairwise_cpd
-    from mcfl.report.fedgsp import write_cpd
+    from mcfl.papers.fedgsp.tables import write_cpd
 
     s = write_cpd(digits_store, tmp_path, 4, [0]).set_index("method")
     df = pd.read_csv(tmp_path / "cpd.csv")
@@ -189,7 +189,7 @@ def _rec(label, seed, hit, acc, dataset="femnist_sample"):
 
 
 def test_table_pairs_each_row_with_fedavg_of_its_seed_and_quotes_the_paper_on_femnist():
-    from mcfl.report.fedgsp import paper_table1, table, table_markdown
+    from mcfl.papers.fedgsp.tables import paper_table1, table, table_markdown
 
     recs = [_rec("FedAvg", 0, [1, 1, 0, 0], 0.5), _rec("FedGSP", 0, [1, 0, 1, 1], 0.75),
             _rec("FedGSP", 1, [1, 1, 1, 1], 1.0), _rec("FedProx", 0, [1, 1, 0, 0], 0.5)]
@@ -214,7 +214,7 @@ def test_table_pairs_each_row_with_fedavg_of_its_seed_and_quotes_the_paper_on_fe
 
 
 def test_table_refuses_to_pair_runs_with_different_test_images():
-    from mcfl.report.fedgsp import table
+    from mcfl.papers.fedgsp.tables import table
 
     other = _rec("FedGSP", 0, [1, 0, 1, 1], 0.75)
     other["y"] = np.ones(4, int)

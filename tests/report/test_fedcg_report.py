@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from mcfl.algorithms.fedcg import Params
-from mcfl.report.fedcg import write_fedcg_report
+from mcfl.papers.fedcg.tables import write_fedcg_report
 
 
 def _run(tmp_path, name, seed, method="FedCG", acc=0.5, final=None, pred=None, domains=None,

@@ -1,6 +1,7 @@
 # Validate the config (before any job) and plan the DAG: mcfl.plan.Plan answers what runs, stores,
 # centre files, sweeps and paths the config yields, with one planner per stage (P.prepare, P.training,
-# P.figures, P.fedcg, P.fedgsp, P.publishing); the rule files only declare rules over it (P).
+# P.publishing) and per registered paper (P.papers; workflow/rules/papers.smk declares their jobs);
+# the rule files only declare rules over it (P).
 #
 # Quoting rule: every {field} in a shell command is written {field:q} (shell-quoted; a list is quoted
 # element by element, so an optional flag is a list: the flag and its value, or nothing). Config values
@@ -32,7 +33,15 @@ try:
     )
     config.clear()
     config.update(_merged)
-    P = Plan(config)
+    # the config file a paper's published page names (the first given, as `make` runs the studies)
+    P = Plan(
+        config,
+        config_file=(
+            os.path.relpath(workflow.overwrite_configfiles[0])
+            if workflow.overwrite_configfiles
+            else "config/config.yaml"
+        ),
+    )
 except ConfigError as e:
     raise WorkflowError(f"invalid configuration: {e}")
 

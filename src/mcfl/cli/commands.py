@@ -283,13 +283,6 @@ def _cmd_report(a) -> int:
     return 0
 
 
-def _cmd_report_fedcg(a) -> int:
-    from mcfl.report.fedcg import write_fedcg_report
-
-    write_fedcg_report([Path(p) for p in a.runs], Path(a.out))
-    return 0
-
-
 def _cmd_report_protocols(a) -> int:
     from mcfl.report.protocols import write
 
@@ -320,42 +313,11 @@ def _cmd_report_select_k(a) -> int:
     return 0
 
 
-def _cmd_figure(a) -> int:
-    from mcfl.report import figures
+def _cmd_paper(a) -> int:
+    """``mcfl paper PAPER OUTPUT`` (and ``figure``, ``fedgsp``, ``report-fedcg``): the paper's output."""
+    from mcfl.papers import get
 
-    if a.figure == "clusters":
-        from mcfl.config import parse_run
-
-        from mcfl.snapshot import cluster_snapshot
-
-        run = parse_run(a.run)
-        dev = _federation_device(a.device, a.threads)
-        snap = cluster_snapshot(run, a.store, a.state, n_clients=a.clients, centres=a.projection == "pca",
-                                seed=a.seed, device=dev)
-        from mcfl.io import staged
-
-        with staged(Path(a.out).parent) as stage:         # the PNG and its CSV, both or neither
-            res = figures.clusters_figure(snap, stage / Path(a.out).name, projection=a.projection, seed=a.seed)
-    else:
-        res = figures.cases_figure(a.store, a.assignments, a.out, clients_per_cluster=a.clients,
-                                   samples=a.samples, seed=a.seed, title=a.title)
-    print(f"{a.out}: {res}")
-    return 0
-
-
-def _federation_device(device: str, threads: int):
-    from mcfl.federation import resolve_device
-    from mcfl.runner import configure_torch
-
-    dev = resolve_device(device)
-    configure_torch(dev, threads)
-    return dev
-
-
-def _cmd_fedgsp(a) -> int:
-    from mcfl.report.fedgsp import main
-
-    return main(a)
+    return get(a.paper).commands().write(a)
 
 
 #: the options that name a command's inputs (files or folders it reads)
@@ -395,8 +357,8 @@ def refuse_own_inputs(a) -> None:
 COMMANDS = {"prepare": _cmd_prepare, "check-config": _cmd_check_config, "methods": _cmd_methods,
             "check-method": _cmd_check_method,
             "first-models": _cmd_first_models, "init-centres": _cmd_init_centres, "train": _cmd_train, "report": _cmd_report,
-            "partition": _cmd_partition, "figure": _cmd_figure, "fedgsp": _cmd_fedgsp,
+            "partition": _cmd_partition, "figure": _cmd_paper, "fedgsp": _cmd_paper,
             "select-k": _cmd_select_k, "report-select-k": _cmd_report_select_k,
-            "report-fedcg": _cmd_report_fedcg, "report-protocols": _cmd_report_protocols,
+            "report-fedcg": _cmd_paper, "paper": _cmd_paper, "report-protocols": _cmd_report_protocols,
             "report-writers": _cmd_report_writers, "publish": _cmd_publish, "track": _cmd_track, **leaf_cli.COMMANDS,
             **replication_cli.COMMANDS}

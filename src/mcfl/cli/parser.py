@@ -26,9 +26,10 @@ The subcommands (each has its own --help):
     mcfl track --experiment NAME --out FILE RUN_DIR [RUN_DIR ...]   # tracking: deferred
     mcfl download femnist --out data/raw/femnist  # LEAF raw files (see mcfl.data.leaf.cli)
     mcfl import-leaf DIR --out STORE / mcfl export-leaf STORE --out DIR
-    mcfl figure clusters|cases ...                # FeSEM Figs. 4 and 5 (see mcfl figure -h)
-    mcfl fedgsp {cpd,table,heatmap,kappa} ...     # FedGSP's tables and figures
-    mcfl report-fedcg --out results/fedcg RUN_DIR [RUN_DIR ...]   # FedCG's Tables 3-5
+    mcfl paper PAPER OUTPUT ...                   # a paper's tables and figures (mcfl paper -h)
+    mcfl paper fesem clusters|cases ...           # FeSEM Figs. 4 and 5 (also: mcfl figure ...)
+    mcfl paper fedgsp {cpd,table,heatmap,kappa} ...   # FedGSP's tables and figures (also: mcfl fedgsp)
+    mcfl paper fedcg tables --out results/fedcg RUN_DIR ...   # FedCG's Tables 3-5 (also: report-fedcg)
 """
 
 
@@ -37,7 +38,10 @@ The subcommands (each has its own --help):
 HEAVY = {"prepare": "prepare a dataset into a store",
          "partition": "re-partition a store's samples into new clients",
          "download": leaf_cli.DOWNLOAD_HELP,
-         "fedgsp": "FedGSP tables and figures (CPD, Table 1, heatmaps, kappa)"}
+         "fedgsp": "FedGSP tables and figures (CPD, Table 1, heatmaps, kappa; = mcfl paper fedgsp)",
+         "paper": "a registered paper's tables and figures: mcfl paper PAPER OUTPUT ...",
+         "figure": "FeSEM's clustering figures (Fig. 4: clusters, Fig. 5: cases; = mcfl paper fesem)",
+         "report-fedcg": "FedCG's ablation tables (Tables 3-5) from run directories (= mcfl paper fedcg tables)"}
 
 
 def available_cores() -> int:
@@ -131,30 +135,33 @@ def _add_partition_parser(sub) -> None:
                    help="seed of the dealing and the split (default: %(default)s)")
 
 
-def _add_figure_parser(sub) -> None:
-    p = sub.add_parser("figure", help="FeSEM's clustering figures (Fig. 4: clusters, Fig. 5: cases)")
-    figs = p.add_subparsers(dest="figure", required=True, metavar="FIGURE")
-    f = figs.add_parser("clusters", help="Fig. 4: sampled clients' local models in 2-D, coloured by "
-                                         "cluster and by true cluster")
-    f.add_argument("--run", required=True, help="the clustered run's JSON, as the workflow passes it "
-                                                "(the run's settings from the config)")
-    f.add_argument("--store", required=True, help="the store the run trained on")
-    f.add_argument("--state", required=True, help="the run's final state (state.pt)")
-    f.add_argument("--out", required=True, help="PNG to write (the 2-D points go next to it as .csv)")
-    f.add_argument("--clients", type=int, default=400, help="clients to sample (all if fewer)")
-    f.add_argument("--projection", choices=("pca", "tsne"), default="pca",
-                   help="2-D projection of the models: PCA or t-SNE (default: pca)")
-    f.add_argument("--seed", type=int, default=0, help="seed of the client sample and of t-SNE")
-    f.add_argument("--device", default="auto", help=DEVICE_HELP)
-    f.add_argument("--threads", type=int, default=available_cores(), help=THREADS_HELP)
-    f = figs.add_parser("cases", help="Fig. 5: samples of a few clients of each cluster")
-    f.add_argument("--store", required=True, help="the store the run trained on")
-    f.add_argument("--assignments", required=True, help="the run's assignments.csv")
-    f.add_argument("--out", required=True, help="PNG to write")
-    f.add_argument("--title", default="", help="figure title (e.g. dataset and run label)")
-    f.add_argument("--clients", type=int, default=3, help="clients shown per cluster")
-    f.add_argument("--samples", type=int, default=8, help="training samples shown per client")
-    f.add_argument("--seed", type=int, default=0, help="seed of the client and sample choice")
+def _add_paper_parsers(sub, full) -> None:
+    """``mcfl paper PAPER OUTPUT ...``: every registered paper's outputs (:mod:`mcfl.papers`), and
+    the older names of the built-in papers' outputs: ``figure`` (FeSEM), ``fedgsp``, ``report-fedcg``.
+    Each is built only when it is the command (the registry loads the installed papers)."""
+    from mcfl.papers import get, papers
+
+    if full("paper"):
+        p = sub.add_parser("paper", help=HEAVY["paper"])
+        w = p.add_subparsers(dest="paper", required=True, metavar="PAPER")
+        try:
+            for name, paper in papers().items():
+                q = w.add_parser(name, help=paper.title, description=paper.title)
+                paper.commands().add_outputs(q.add_subparsers(dest="output", required=True, metavar="OUTPUT"))
+        except ValueError as e:         # mcfl.papers.PaperError: an installed paper that cannot be used
+            raise SystemExit(f"mcfl paper: error: {e}") from None
+    if full("figure"):
+        p = sub.add_parser("figure", help=HEAVY["figure"])
+        get("fesem").commands().add_outputs(p.add_subparsers(dest="output", required=True, metavar="FIGURE"))
+        p.set_defaults(paper="fesem")
+    if full("fedgsp"):
+        p = sub.add_parser("fedgsp", help=HEAVY["fedgsp"])
+        get("fedgsp").commands().add_outputs(p.add_subparsers(dest="output", required=True))
+        p.set_defaults(paper="fedgsp")
+    if full("report-fedcg"):
+        p = sub.add_parser("report-fedcg", help=HEAVY["report-fedcg"])
+        get("fedcg").commands().add_tables_arguments(p)
+        p.set_defaults(paper="fedcg", output="tables")
 
 
 DEVICE_HELP = ("where to compute: cpu, cuda, cuda:N (the N-th GPU), or auto = the GPU when PyTorch "
@@ -250,15 +257,7 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", help="select-k result files")
     leaf_cli.add_parsers(sub, download=full("download"))     # download, import-leaf, export-leaf
     replication_cli.add_parsers(sub)                         # report-replication
-    _add_figure_parser(sub)
-    if full("fedgsp"):
-        from mcfl.report.fedgsp import add_parser as add_fedgsp_parser
-
-        add_fedgsp_parser(sub, help=HEAVY["fedgsp"])
-    p = sub.add_parser("report-fedcg", help="FedCG's ablation tables (Tables 3-5) from run directories")
-    p.add_argument("--out", required=True, help="output directory (table3-5.csv, tables.md)")
-    p.add_argument("runs", nargs="+", help="run directories of FedCG and FedAvg runs (metrics.json, "
-                                           "predictions.csv)")
+    _add_paper_parsers(sub, full)
     p = sub.add_parser("report-protocols", help="FeSEM's Table 2 under the paper's and the standard "
                                                 "protocol, beside the paper (OUT.csv, OUT.md)")
     p.add_argument("--out", required=True, help="output path without suffix (OUT.csv and OUT.md are written)")

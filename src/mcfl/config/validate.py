@@ -38,9 +38,20 @@ from mcfl.trainspec import read_schema
 SCHEMA_PATH = Path(__file__).parents[1] / "schema" / "config.schema.yaml"
 
 
-#: top-level config blocks that belong to one paper: key -> "module:function(cfg, source)", run
-#: after the rest of the config validated (the hook may expand runs; it raises ConfigError)
-SECTIONS = {"fedgsp": "mcfl.fedgsp.config:check_fedgsp"}
+#: top-level config blocks that belong to one paper (``fedgsp:``): "module:function" giving key ->
+#: the registered paper (:func:`mcfl.papers.sections`), whose schema fragment validates the block and
+#: whose check runs after the rest of the config validated (it may expand runs; it raises
+#: ConfigError). Named, not imported: the papers' planners import this package.
+SECTIONS = "mcfl.papers:sections"
+
+
+def _paper_sections() -> dict:
+    """Config key -> the paper that owns it; a paper that cannot be loaded is a ConfigError."""
+    module, fn = SECTIONS.split(":")
+    try:
+        return getattr(importlib.import_module(module), fn)()
+    except ValueError as e:             # mcfl.papers.PaperError: a plugin paper that cannot be used
+        raise ConfigError(str(e)) from None
 
 
 #: integers larger than this are rejected anywhere in a config (keys naming a seed excepted): no
@@ -103,6 +114,9 @@ def _schema() -> dict:
     ds = schema["properties"]["datasets"]["additionalProperties"]["properties"]
     ds["prepare"]["properties"]["source"]["enum"] = sorted(SOURCES)
     ds["model"]["properties"]["name"]["enum"] = sorted(model_zoo())
+    for key, paper in _paper_sections().items():      # a plugin paper's block
+        if paper.schema:
+            schema["properties"].setdefault(key, paper.load("schema"))
     return schema
 
 
@@ -358,10 +372,9 @@ def _validate(cfg: dict, source: str) -> dict:
             raise ConfigError(f"{source}: methods: two entries both have the label {r['label']!r}; "
                               f"give one of them a distinct `name` or `label`")
         seen[key] = 1
-    for key, hook in SECTIONS.items():          # a paper's own block, e.g. `fedgsp:`
-        if key in cfg:
-            module, fn = hook.split(":")
-            getattr(importlib.import_module(module), fn)(cfg, source)
+    for key, paper in _paper_sections().items():      # a paper's own block, e.g. `fedgsp:`
+        if key in cfg and paper.check:
+            paper.load("check")(cfg, source)
     used = {r["dataset"] for r in runs} | ({cfg["fedgsp"]["dataset"]} if "fedgsp" in cfg else set())
     for name in cfg["datasets"]:
         if name not in used:

@@ -1,3 +1,2 @@
-"""FedGSP's support beyond its algorithm (:mod:`mcfl.algorithms.fedgsp`): the config's ``fedgsp``
-block and its sweeps (:mod:`~mcfl.fedgsp.config`), and the paper's metrics, CPD and the
-time-cost model (:mod:`~mcfl.fedgsp.metrics`)."""
+"""FedGSP's metrics, CPD and the time-cost model (:mod:`~mcfl.fedgsp.metrics`), shared by its
+algorithm (:mod:`mcfl.algorithms.fedgsp`) and its paper's tables (:mod:`mcfl.papers.fedgsp`)."""

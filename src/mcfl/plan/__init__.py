@@ -7,11 +7,15 @@ per stage, each a module of this package named after its rule file:
 =====================  ==========================================  =================================
 ``P.prepare``          :mod:`mcfl.plan.data`                       ``data``, ``partition``, ``download``
 ``P.training``         :mod:`mcfl.plan.train`                      ``train``, ``init``, ``select_k``
-``P.figures``          :mod:`mcfl.plan.figures`                    ``figures`` (FeSEM Figs. 4-5)
-``P.fedcg``            :mod:`mcfl.plan.fedcg`                      ``fedcg`` (FedCG Tables 3-5)
-``P.fedgsp``           :mod:`mcfl.plan.fedgsp`                     ``fedgsp`` (FedGSP §4.2)
 ``P.publishing``       :mod:`mcfl.plan.publish`                    ``protocols``, ``publish``
+``P.papers[name]``     ``mcfl.papers.<name>`` (its ``planner``)    ``papers`` (one rule per job)
 =====================  ==========================================  =================================
+
+Every registered paper (:mod:`mcfl.papers`: FeSEM's figures, FedCG's and FedGSP's tables, and any an
+installed package registers) has a planner here, built from the registry: the runs it adds (its
+``added_runs()``, e.g. FedGSP's sweep points), the jobs of its outputs (``jobs()``, the rules of
+``workflow/rules/papers.smk``) and its final outputs (``targets()``). ``P.figures``, ``P.fedcg`` and
+``P.fedgsp`` are the built-in papers' planners.
 
 The rule files only declare rules over these, so this package is where the DAG's logic is tested
 (``tests/plan/test_plan.py``) and nothing depends on the order in which the rule files are included.
@@ -29,17 +33,15 @@ always log to ``logs/``). A run's directory is ``res("runs/{dataset}/{run}/seed{
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 from mcfl.cluster.spec import centre_key
 from mcfl.config import expand_runs
 from mcfl.data.repartition import is_identity
-from mcfl.fedgsp.config import sweep_runs
 from mcfl.io import canonical_json
+from mcfl.papers import Job, papers
 from mcfl.plan.data import PreparePlan, leaf_raw
-from mcfl.plan.fedcg import FedCGPlan
-from mcfl.plan.fedgsp import FedGSPPlan
-from mcfl.plan.figures import FiguresPlan
 from mcfl.plan.publish import PublishPlan
 from mcfl.plan.runs import RUN_FILES, RUN_PATTERN, SUFFIX, run_key
 from mcfl.plan.train import TrainPlan
@@ -49,21 +51,26 @@ __all__ = ["Plan", "RUN_FILES", "RUN_PATTERN", "leaf_raw", "run_key"]
 class Plan:
     """The DAG of one validated config (see the module docstring)."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, config_file: str = "config/config.yaml"):
         self.config = config
+        #: the config file the pages a paper publishes name
+        self.config_file = config_file
         self.datasets: dict[str, dict] = config["datasets"]
         self.results: str = config["results"]
         self.data_dir: str = config["data_dir"]
         self.log_dir = "logs" if os.path.normpath(self.results) == "results" else f"{self.results}/logs"
         #: the configured runs, in config order: what the report's tables cover
         self.configured: dict[tuple, dict] = {run_key(r): r for r in expand_runs(config)}
-        #: FedGSP's sweep runs {"heatmap": [(run, point)...], "kappa": [...]} (empty without `fedgsp`)
-        self.sweeps: dict[str, list] = sweep_runs(config) if "fedgsp" in config else {"heatmap": [], "kappa": []}
-        #: every run a training job exists for: the configured ones, then new sweep points (what
-        #: `track` records)
+        #: every run a training job exists for: the configured ones, then the new ones the papers
+        #: add (FedGSP's sweep points; what `track` records)
         self.runs: dict[tuple, dict] = dict(self.configured)
-        for points in self.sweeps.values():
-            for run, _ in points:
+        #: every registered paper's planner (see the module docstring)
+        self.papers = {name: paper.load("planner")(self) for name, paper in papers().items()}
+        self.figures, self.fedcg, self.fedgsp = (self.papers[p] for p in ("fesem", "fedcg", "fedgsp"))
+        #: FedGSP's sweep runs {"heatmap": [(run, point)...], "kappa": [...]} (empty without `fedgsp`)
+        self.sweeps: dict[str, list] = self.fedgsp.sweeps
+        for planner in self.papers.values():
+            for run in planner.added_runs() if hasattr(planner, "added_runs") else ():
                 self.runs.setdefault(run_key(run), run)
         # one centre file per distinct centre spec and seed (runs computing the same centres share it)
         self.inits: dict[tuple, dict] = {}
@@ -76,9 +83,6 @@ class Plan:
         # the stages' planners (each beside its rule file: see the module docstring)
         self.prepare = PreparePlan(self)
         self.training = TrainPlan(self)
-        self.figures = FiguresPlan(self)
-        self.fedcg = FedCGPlan(self)
-        self.fedgsp = FedGSPPlan(self)
         self.publishing = PublishPlan(self)
 
     # -- paths -------------------------------------------------------------------------------------
@@ -159,11 +163,21 @@ class Plan:
     # -- what `rule all` asks for besides the report --------------------------------------------
     def targets(self) -> list[str]:
         """The final outputs of the optional stages, each present when the config asks for it."""
-        out = self.figures.targets() + self.fedgsp.targets() + self.training.targets()
-        out += self.fedcg.targets()
+        out = [t for planner in self.papers.values() for t in planner.targets()] + self.training.targets()
         if self.config["tracking"] == "deferred":
             out.append(self.res("mlflow_runs.tsv"))
         return out + self.publishing.targets()
+
+
+    def paper_jobs(self) -> list[Job]:
+        """Every registered paper's jobs: the rules of ``workflow/rules/papers.smk``; a job that
+        names no benchmark file gets ``<results>/benchmarks/<rule>[_<wildcards>].tsv``."""
+        jobs = [job for planner in self.papers.values() for job in planner.jobs()]
+        for job in jobs:
+            if job.benchmark is None:
+                wildcards = sorted({w for path in job.outputs.values() for w in re.findall(r"{(\w+)}", path)})
+                job.benchmark = self.res(f"benchmarks/{'_'.join([job.rule, *(f'{{{w}}}' for w in wildcards)])}.tsv")
+        return jobs
 
 
 def dag_jobs(dag) -> list[tuple[str, dict, tuple[int, ...]]]:

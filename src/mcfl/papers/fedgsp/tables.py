@@ -1,5 +1,5 @@
 """FedGSP's tables and figures (Zeng et al., DASFAA 2022, §4.2), from the runs' own output files and
-the data store; ``mcfl fedgsp {cpd,table,heatmap,kappa}`` writes them (workflow/rules/fedgsp.smk).
+the data store; ``mcfl paper fedgsp {cpd,table,heatmap,kappa}`` writes them (:mod:`.cli`).
 
 * ``cpd``: Fig. 3a. CPD (Eq. 14) of every pair of clients (FedAvg: every client its own group), of
   every pair of NaiveGSP's random groups and of every pair of NaiveGSP+ICG's groups, for f groups and
@@ -33,10 +33,9 @@ import pandas as pd
 
 from mcfl.cluster.icg import icg_groups, random_groups
 from mcfl.data.store import load
-from mcfl.fedgsp.metrics import (CostModel, class_counts, cost_model, group_counts, pairwise_cpd,
+from mcfl.fedgsp.metrics import (CostModel, class_counts, group_counts, pairwise_cpd,
                                  rounds_to_target, run_cost)
-from mcfl.inputs import json_flag
-from mcfl.io import atomic_path, read_run, staged, write_text
+from mcfl.io import atomic_path, read_run, write_text
 from mcfl.metrics import paired_counts, sign_test_p
 from mcfl.report.format import (diverged_cell, diverged_note, machine, machines_section, markdown_html,
                                 markdown_table, mean_std)
@@ -400,51 +399,3 @@ def write_kappa(run_dirs: list[Path], train: list[dict], store, out: Path,
     fig.tight_layout()
     _save(fig, out / "kappa.png")
     return df
-
-
-# ------------------------------------------------------------------------------------------- CLI
-def add_parser(sub, help: str = "FedGSP tables and figures (CPD, Table 1, heatmaps, kappa)") -> None:
-    """``mcfl fedgsp WHAT``: register the sub-commands."""
-    p = sub.add_parser("fedgsp", help=help)
-    w = p.add_subparsers(dest="what", required=True)
-    c = w.add_parser("cpd", help="CPD box plots (Fig. 3a)")
-    c.add_argument("--store", required=True, help="prepared store whose clients are grouped")
-    c.add_argument("--groups", type=int, required=True, help="number of groups")
-    c.add_argument("--seeds", type=int, nargs="+", required=True, help="seeds of the groupings compared")
-    c.add_argument("--rounding", default="paper", choices=["paper", "exact"],
-                   help="group sizes rounded as the paper does, or exactly (default: paper)")
-    c.add_argument("--icg-iters", type=int, default=10, help="ICG iterations (default: 10)")
-    c.add_argument("--sigma", type=float, default=1.0, help="kernel width of the MMD (default: 1.0)")
-    for name in ("table", "heatmap", "kappa"):
-        q = w.add_parser(name, help={"table": "Table 1, curves, time/traffic to target (Figs. 3b/c, 6)",
-                                     "heatmap": "test-loss heatmaps (Fig. 4)", "kappa": "kappa sweep (Fig. 5)"}[name])
-        q.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (metrics.json, history.csv)")
-        if name != "heatmap":
-            q.add_argument("--train", required=True, help="JSON list, one per RUN_DIR, of "
-                           "{clients_per_round, local_epochs}")
-            q.add_argument("--store", required=True, help="the runs' prepared store")
-            q.add_argument("--cost", default="{}", help="JSON of cost-model constants (Eqs. 15-17)")
-        if name == "table":
-            q.add_argument("--target", type=float, required=True, help="target accuracy (e.g. 0.8)")
-    for q in list(w.choices.values()):
-        q.add_argument("--out", required=True, help="output directory")
-
-
-def main(a) -> int:
-    with staged(a.out) as out:          # every file of the command or none (mcfl.io.staged)
-        text = _write(a, out)
-    print(text)
-    return 0
-
-
-def _write(a, out: Path) -> str:
-    if a.what == "cpd":
-        s = write_cpd(a.store, out, a.groups, a.seeds, rounding=a.rounding, icg_iters=a.icg_iters, sigma=a.sigma)
-        return s.to_string(index=False)
-    dirs = [Path(d) for d in a.run_dirs]
-    if a.what == "heatmap":
-        return write_heatmap(dirs, out).to_string(index=False)
-    train, cost = json_flag(a.train, "--train", list, items=dict), cost_model(json_flag(a.cost, "--cost", dict))
-    if a.what == "table":
-        return table_markdown(write_table(dirs, train, a.store, a.target, out, cost))
-    return write_kappa(dirs, train, a.store, out, cost).to_string(index=False)
