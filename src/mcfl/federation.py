@@ -14,6 +14,9 @@ Seeds. A run's ``seed`` is split by purpose with :func:`mcfl.engine.derive_seed`
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -26,6 +29,8 @@ from mcfl.engine import DeviceData, FlatModel, LocalSpec, LocalTrainer
 from mcfl.streams import MODEL, SERVER, STREAM, derive_seed
 from mcfl.executors import make_trainer, same_executor
 from mcfl.trainspec import TrainSpec
+
+log = logging.getLogger(__name__)
 
 
 
@@ -131,3 +136,49 @@ def build_federation(data: FederatedData, model_cfg: dict, train_cfg: dict | Tra
     trainer = make_trainer(t.executor, flat, dev, LocalSpec.of(t), seed, chunk=t.executor_chunk)
     return Federation(data, dev, flat, trainer, int(seed), flat.get(), t.clients_per_round,
                       {k: Path(v) for k, v in (inputs or {}).items()}, t.clients_per_cluster)
+
+
+# ------------------------------------------------------------ the process a run trains in
+CUBLAS_WORKSPACE = ":4096:8"
+#: glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+
+
+def keep_freed_memory() -> bool:
+    """Let freed blocks of up to 32 MB stay in the process for reuse (Linux with glibc; elsewhere
+    nothing happens and False is returned). By default glibc gives large freed blocks back to the
+    operating system, so each training step's activations and gradients were fresh pages that
+    faulted in when first written: about 2,400 page faults and 6 ms of system time in a 30 ms
+    stacked step of 100 digits-CNN clients. Where memory lives does not change what is computed
+    (tests/test_runner.py trains a run both ways). Freed memory is not handed back, so a job's
+    resident memory can stay a little higher: the default DAG's largest training job peaked at
+    994 MB, against 951 MB before (docs/results/default-stages.md of the two runs)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    # a fixed mmap threshold also stops glibc from moving it; the top of the heap is trimmed only
+    # past 1 GiB free, and grows 64 MiB at a time
+    return all(mallopt(p, v) == 1 for p, v in ((_M_MMAP_THRESHOLD, 32 << 20),
+                                                (_M_TRIM_THRESHOLD, 1 << 30), (_M_TOP_PAD, 64 << 20)))
+
+
+def configure_torch(device: torch.device, threads: int) -> None:
+    """Seeded runs are bitwise repeatable on the CPU for one machine, torch build and thread count
+    (the thread count changes the order of float sums; it is recorded in ``metrics.json``).
+    On CUDA: deterministic kernels are requested (PyTorch warns in the job log about any operation
+    that has none), cuDNN autotuning is off, and cuBLAS gets a fixed workspace through
+    ``CUBLAS_WORKSPACE_CONFIG``, which cuBLAS reads when it first initialises: the ``mcfl`` command
+    sets it at start-up; an API caller that used CUDA before without it gets a warning. Freed host
+    memory is kept for reuse (:func:`keep_freed_memory`)."""
+    torch.set_num_threads(max(1, int(threads)))
+    keep_freed_memory()
+    if device.type == "cuda":
+        if "CUBLAS_WORKSPACE_CONFIG" not in os.environ and torch.cuda.is_initialized():
+            log.warning("CUDA is already initialised without CUBLAS_WORKSPACE_CONFIG: cuBLAS results "
+                        "may not repeat bitwise; set CUBLAS_WORKSPACE_CONFIG=%s before using CUDA",
+                        CUBLAS_WORKSPACE)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)

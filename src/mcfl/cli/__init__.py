@@ -89,7 +89,7 @@ def _say(line: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # cuBLAS reads this when CUDA first uses it; set here, before anything can (see runner.configure_torch)
+    # cuBLAS reads this when CUDA first uses it; set here, before anything can (see federation.configure_torch)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(commands=[_command(argv)]).parse_args(argv)

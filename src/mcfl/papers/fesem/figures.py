@@ -11,7 +11,7 @@ from mcfl.config import parse_run
 from mcfl.federation import resolve_device
 from mcfl.io import staged
 from mcfl.report import figures
-from mcfl.runner import configure_torch
+from mcfl.federation import configure_torch
 from mcfl.snapshot import cluster_snapshot
 
 
