@@ -54,7 +54,7 @@ def test_config_paths_with_spaces_and_semicolons_stay_one_word(tmp_path, cli_env
     assert r.returncode == 0, r.stderr[-3000:]
     cmds = [x.split(": ", 1)[1] for x in r.stdout.splitlines() if x.startswith("Shell command: mcfl ")]
     rules = {c.split()[1] for c in cmds}
-    assert {"train", "init-centres", "select-k", "report", "track", "figure", "report-select-k"} <= rules
+    assert {"train", "init-centres", "select-k", "report", "track", "paper", "report-select-k"} <= rules
     for c in cmds:
         words = list(shlex.shlex(c, posix=True, punctuation_chars=True))
         assert "touch" not in words and "INJECTED" not in words and ";" not in words, c
