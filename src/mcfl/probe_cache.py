@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mcfl.io import write_json
 from mcfl.probe import MethodCost, StepTimer, measure_startup, measure_step, method_costs, method_key
 from mcfl.workload import DataSize
 
@@ -102,8 +103,10 @@ class ProbeCache:
         """The cache in :func:`cache_dir`."""
         return cls(cache_dir())
 
-    def step(self, timer: StepTimer = measure_step) -> StepTimer:
-        """``timer`` (:func:`~mcfl.probe.measure_step`) answering from the cache where it can."""
+    def step(self, timer: StepTimer | None = None) -> StepTimer:
+        """``timer`` (default :func:`~mcfl.probe.measure_step`) answering from the cache where it can."""
+        timer = timer or measure_step
+
         def timed(model, x_shape, n_classes, batch_size, device):
             subject = [model, list(x_shape), n_classes, batch_size]
             got = self.lookup("step", subject, device)
@@ -129,8 +132,9 @@ class ProbeCache:
         self.store_many("method", [([k, sizes], dataclasses.asdict(v)) for k, v in fresh.items()], device)
         return {**found, **fresh}
 
-    def startup(self, imports: str, measure: Callable[[str], float] = measure_startup) -> float:
-        """A job's start-up (:func:`~mcfl.probe.measure_startup`) with ``imports``."""
+    def startup(self, imports: str, measure: Callable[[str], float] | None = None) -> float:
+        """A job's start-up with ``imports`` (``measure``, default :func:`~mcfl.probe.measure_startup`)."""
+        measure = measure or measure_startup
         subject = [imports, sys.executable]
         got = self.lookup("startup", subject, "cpu")
         if _numbers([got], 1) and got > 0:
@@ -155,8 +159,6 @@ class ProbeCache:
         a file that cannot be written is named once and the cache goes on without it."""
         if self.path is None or not pairs:
             return
-        from mcfl.io import write_json
-
         entries = self._read()
         now = time.time()
         for subject, value in pairs:
@@ -174,8 +176,11 @@ class ProbeCache:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return {}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            self._note(f"cannot read it ({type(e).__name__}: {e})")
+        except OSError as e:
+            self._note(f"cannot read it ({e.strerror or e})")
+            return {}
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            self._note(f"not JSON ({e})")
             return {}
         if not (isinstance(data, dict) and data.get("format") == FORMAT
                 and isinstance(data.get("entries"), dict)):
