@@ -10,6 +10,21 @@ ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _probe_cache(tmp_path_factory):
+    """One cache of the estimate's probe timings for the whole test session, its xdist workers and
+    the workflow runs they start, so that each model and method is probed once, not at every
+    Snakemake start."""
+    from mcfl.cost.probe_cache import CACHE_DIR_ENV, NO_CACHE_ENV
+
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "probe-cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(NO_CACHE_ENV, raising=False)
+        mp.setenv(CACHE_DIR_ENV, str(folder))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     """Every test starts on one PyTorch thread, as this file sets it: a test that runs ``mcfl train``

@@ -37,6 +37,8 @@ The runs, their centre files and first local models are jobs, each with a proces
 (:func:`~mcfl.cost.probe.measure_startup`); :func:`makespan` packs them on the cores in the order they wait for each
 other (a centre file before its runs), as Snakemake's priorities start them, with the DAG's other
 jobs (data, reports) at a start-up each.
+The probes' timings are kept per machine (:mod:`mcfl.cost.probe_cache`): an invocation probes only
+what no earlier one on this machine, with this code, has.
 
 The data sizes come from the prepared store when it exists, otherwise from the source
 (:func:`mcfl.cost.workload.data_size`: the LEAF JSON files' ``num_samples``, the embedded writers, or
@@ -55,6 +57,7 @@ from pathlib import Path
 from mcfl.cluster.spec import KEEP_BYTES
 from mcfl.cost.probe import (JOB_IMPORTS, MethodCost, StepTimer, _device, batch_notes, batched_group,
                          measure_startup, measure_step, method_costs, method_key, step_rows)
+from mcfl.cost.probe_cache import ProbeCache
 from mcfl.cost.workload import DataSize, RunCost, data_size, round_clients, run_cost, train_defaults
 
 
@@ -185,7 +188,8 @@ def estimate(plan, *, timer: StepTimer | None = None, sizes: dict[str, DataSize]
         start_s = 0.0
     if probe is None:
         probe = timer is None
-    timer = _memoised(timer or measure_step)     # one measurement per batch, the probes' and the runs'
+    cache = ProbeCache.of_user() if timer is None else ProbeCache(None)    # a test's timer: never cached
+    timer = _memoised(timer or cache.step())     # one measurement per batch, the probes' and the runs'
     sizes = dict(sizes or {})
     for name, ds in cfg["datasets"].items():
         if name not in sizes:
@@ -195,7 +199,7 @@ def estimate(plan, *, timer: StepTimer | None = None, sizes: dict[str, DataSize]
             and not (pending and (Path(plan.dir_of(r)) / "metrics.json").exists())]
     methods: dict[str, MethodCost] = {}
     for name in dict.fromkeys(r["dataset"] for _, r in todo) if probe else ():
-        methods.update(method_costs([r for _, r in todo if r["dataset"] == name], sizes[name], device, timer))
+        methods.update(cache.method_costs([r for _, r in todo if r["dataset"] == name], sizes[name], device, timer))
     measured: dict[str, tuple[float, float]] = {}
     jobs: dict[str, Job] = {}
     out, notes = [], []
@@ -224,7 +228,7 @@ def estimate(plan, *, timer: StepTimer | None = None, sizes: dict[str, DataSize]
     if dag is not None:
         jobs = _dag_jobs(plan, dag, jobs)
     imports = JOB_IMPORTS + (", mlflow" if cfg.get("tracking") is True else "")   # a tracked job imports MLflow
-    start = measure_startup(imports) if start_s is None and jobs else (start_s or 0.0)
+    start = cache.startup(imports, measure_startup) if start_s is None and jobs else (start_s or 0.0)
     jobs = {i: dataclasses.replace(j, seconds=j.seconds + start) for i, j in jobs.items()}
     return Estimate(out, device, sizes, notes, list(jobs.values()), start,
                     "the jobs Snakemake will run" if dag is not None else
