@@ -9,7 +9,7 @@ import pytest
 from mcfl.cost import probe_cache
 from mcfl.cost.probe import MethodCost, method_key
 from mcfl.cost.probe_cache import FORMAT, ProbeCache
-from mcfl.workload import DataSize
+from mcfl.cost.workload import DataSize
 
 from conftest import make_run
 
@@ -158,6 +158,7 @@ def test_a_second_estimate_probes_nothing_and_prints_the_same(tmp_path, monkeypa
     method and no start-up, and says the same."""
     from mcfl import cost
     from mcfl.config import validate
+    from mcfl.plan import Plan
 
     monkeypatch.setenv(probe_cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
     calls = {"step": 0, "method": 0, "startup": 0}
@@ -176,7 +177,7 @@ def test_a_second_estimate_probes_nothing_and_prints_the_same(tmp_path, monkeypa
                     "datasets": {"mine": {"prepare": {"source": "digits", "clients": 10, "clusters": 2},
                                           "model": {"name": "digits_cnn"}, "train": {"rounds": 3}}},
                     "methods": [{"method": "FedAvg"}, {"method": "FeSEM", "K": 2}]})
-    first = cost.estimate(cfg).summary(cores=2)
+    first = cost.estimate(Plan(cfg)).summary(cores=2)
     assert calls == {"step": 1, "method": 1, "startup": 1}
-    assert cost.estimate(cfg).summary(cores=2) == first
+    assert cost.estimate(Plan(cfg)).summary(cores=2) == first
     assert calls == {"step": 1, "method": 1, "startup": 1}

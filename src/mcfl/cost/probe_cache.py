@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from mcfl.io import write_json
 from mcfl.cost.probe import MethodCost, StepTimer, measure_startup, measure_step, method_costs, method_key
-from mcfl.workload import DataSize
+from mcfl.cost.workload import DataSize
 
 CACHE_DIR_ENV = "MCFL_CACHE_DIR"
 NO_CACHE_ENV = "MCFL_NO_CACHE"
