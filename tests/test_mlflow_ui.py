@@ -142,6 +142,11 @@ def test_the_printed_url_opens_on_the_runs_with_names_settings_and_metrics(recor
         for k in ("micro_acc", "macro_acc"):
             assert f">{round(f[k] * 100, 2)!r}<" in dom, (k, f)
     assert "workflowType=genai" not in dom and "Token Usage" not in dom
+    # what MLflow 3.17 adds, which no server option turns off (docs/reproducing.md says the one
+    # click that closes each): the shared view's banner, and on a browser's first visit to a local
+    # server the Assistant panel
+    assert "viewing a shared view" in dom and "Hide banner" in dom
+    assert "MLflow Assistant" in dom
     with UI(tmp / "mlflow.db", tmp / "ui.log") as ui:                   # wide: every column in view
         dom = chromium(ui.url + path, tmp / "profile-wide", "--dump-dom", size="3200,700")
     assert ">Duration<" in dom and ">ari<" in dom and ">macro_f1_pct<" in dom

@@ -50,7 +50,8 @@ def _once(fn: Callable, *args, **kwargs):
 
 
 def supersede_older_runs(client, run_id: str, run_dir: str, retry: Callable = _once) -> list[str]:
-    """Mark the experiment's other active runs of folder ``run_dir`` (tag :data:`RUN_DIR_TAG`)
+    """Mark the experiment's other active runs of folder ``run_dir`` (tag :data:`RUN_DIR_TAG`), and
+    those of its name and parameters recorded before runs carried their folder (no such tag),
     superseded by ``run_id`` (tag :data:`SUPERSEDED_TAG`) and delete them (MLflow's lifecycle
     ``deleted``: the runs table's default view hides them; its filter for deleted runs, or
     ``mlflow gc``, reaches them), so each run folder has one visible run: its latest. Each call to
@@ -58,10 +59,11 @@ def supersede_older_runs(client, run_id: str, run_dir: str, retry: Callable = _o
     ids deleted."""
     run = retry(client.get_run, run_id)
     where = "" if "'" in run_dir else f"tags.{RUN_DIR_TAG} = '{run_dir}'"   # matched exactly below
-    older = retry(client.search_runs, [run.info.experiment_id], filter_string=where, max_results=5000)
+    older = [r for r in retry(client.search_runs, [run.info.experiment_id], filter_string=where,
+                              max_results=5000) if r.data.tags.get(RUN_DIR_TAG) == run_dir]
     gone = []
-    for r in older:
-        if r.info.run_id == run_id or r.data.tags.get(RUN_DIR_TAG) != run_dir:
+    for r in older + _untagged_twins(client, run, retry):
+        if r.info.run_id == run_id or r.info.run_id in gone:
             continue
         retry(client.set_tag, r.info.run_id, SUPERSEDED_TAG, run_id)
         retry(client.delete_run, r.info.run_id)
@@ -69,3 +71,15 @@ def supersede_older_runs(client, run_id: str, run_dir: str, retry: Callable = _o
     if gone:
         log.info("MLflow: %s superseded by run %s (%s): deleted", ", ".join(gone), run_id, run_dir)
     return gone
+
+
+def _untagged_twins(client, run, retry: Callable = _once) -> list:
+    """The experiment's active runs recorded before runs carried their folder (no tag
+    :data:`RUN_DIR_TAG`) that have ``run``'s name and parameters: earlier records of the same
+    run, which ``run`` supersedes as it does its folder's."""
+    name = run.data.tags.get("mlflow.runName") or run.info.run_name
+    if not name or "'" in name:
+        return []
+    found = retry(client.search_runs, [run.info.experiment_id],
+                  filter_string=f"tags.`mlflow.runName` = '{name}'", max_results=5000)
+    return [r for r in found if RUN_DIR_TAG not in r.data.tags and r.data.params == run.data.params]
