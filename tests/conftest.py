@@ -12,7 +12,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session", autouse=True)
 def _probe_cache(tmp_path_factory):
-    """One cache of the estimate's probe timings for the whole test session, its xdist workers and
+    """One cache of the estimate's probe timings for the whole test run, its xdist workers and
     the workflow runs they start, so that each model and method is probed once, not at every
     Snakemake start."""
     from mcfl.probe_cache import CACHE_DIR_ENV, NO_CACHE_ENV

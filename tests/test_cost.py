@@ -55,7 +55,7 @@ def test_check_config_with_a_batch_of_a_billion_prints_an_estimate_and_one_note(
 
     shapes = _recording_build(monkeypatch)
     monkeypatch.setattr(cost, "measure_startup", lambda *a: 1.0)
-    monkeypatch.setenv("MCFL_NO_CACHE", "1")          # probed here, not read from the session's cache
+    monkeypatch.setenv("MCFL_NO_CACHE", "1")          # probed here, not read from the tests' shared cache
     path = tmp_path / "big.yaml"
     path.write_text(yaml.safe_dump(_own(tmp_path, batch_size=1_000_000_000)))
     assert main(["check-config", str(path)]) == 0
