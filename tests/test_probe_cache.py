@@ -148,7 +148,7 @@ def test_the_folder_is_the_user_cache_unless_the_environment_names_another_or_no
     assert timer.calls == 2 and not (tmp_path / "mine").exists()
 
 
-def test_the_test_session_points_the_cache_at_a_temporary_folder():
+def test_the_test_run_points_the_cache_at_a_temporary_folder():
     folder = probe_cache.cache_dir()
     assert folder is not None and folder.name == "probe-cache" and "pytest" in str(folder)
 
