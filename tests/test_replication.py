@@ -29,10 +29,20 @@ def test_each_draw_is_a_dataset_with_the_chosen_runs_and_the_reference():
     assert cfg["datasets"]["digits-s1"]["prepare"]["seed"] == 1
     assert cfg["datasets"]["digits-p2"]["partition"] == {"scheme": "iid", "seed": 2}
     assert cfg["datasets"]["digits-s1"]["model"] == DIGITS["model"]
-    runs = {(r["dataset"], r["label"], r["seed"]): r["draw"] for r in expand_runs(cfg)}
+    runs = {(r["dataset"], r["label"], r["seed"]): r.get("draw") for r in expand_runs(cfg)}
     assert sorted(k[:2] for k in runs if k[0] != "digits" and k[2] == 0) == [
         ("digits-p2", "FeSEM(3)"), ("digits-p2", "FedAvg"), ("digits-s1", "FeSEM(3)"), ("digits-s1", "FedAvg")]
-    assert runs[("digits", "NoFed", 0)] == "original" and runs[("digits-p2", "FedAvg", 1)] == "p2"
+    assert runs[("digits", "NoFed", 0)] is None and runs[("digits-p2", "FedAvg", 1)] == "p2"
+
+
+def test_the_original_datasets_runs_are_the_runs_without_the_section():
+    """Byte for byte the same run specs: a study replicated later reuses the runs it has."""
+    from mcfl.io import canonical_json
+
+    plain = copy.deepcopy(BASE)
+    del plain["replication"]
+    base = [canonical_json(r) for r in expand_runs(validate(plain))]
+    assert [canonical_json(r) for r in expand_runs(config()) if r["dataset"] == "digits"] == base
 
 
 def test_validating_an_expanded_config_again_changes_nothing():
@@ -121,6 +131,9 @@ def test_table_contradicted_when_two_draws_disagree():
     assert (t["verdict"] == "contradicted").all()
     assert t["p_one_sided"].iloc[1] == pytest.approx(1.0)     # in the first draw's direction
     assert t["combined_p"].iloc[0] == pytest.approx(stouffer([0.5 ** 40, 1.0]))
+    unnamed = [{k: v for k, v in r.items() if not (k == "draw" and v == "a")} for r in runs]
+    same = table(unnamed, "FedAvg", ["standard"], ["a", "b"])       # no draw: the first (original) one
+    assert same.drop(columns="dataset").equals(t.drop(columns="dataset"))
 
 
 # -- the check before any training ---------------------------------------------------------------------
@@ -192,7 +205,7 @@ def test_the_draw_is_an_mlflow_tag_to_filter_by(tmp_path, monkeypatch):
     assert [r.info.run_id for r in found] == [ids["s1"]] and found[0].data.params["draw"] == "s1"
 
 
-def test_the_report_reads_the_chosen_runs_and_every_training_job_waits_for_the_check():
+def test_the_report_reads_the_chosen_runs_and_the_redrawn_jobs_wait_for_the_check():
     from types import SimpleNamespace
 
     from mcfl.plan import Plan
@@ -206,5 +219,7 @@ def test_the_report_reads_the_chosen_runs_and_every_training_job_waits_for_the_c
         ("digits", "FeSEM(3)"), ("digits", "FedAvg"), ("digits-p2", "FeSEM(3)"), ("digits-p2", "FedAvg"),
         ("digits-s1", "FeSEM(3)"), ("digits-s1", "FedAvg")]
     assert rep.sampled() == 4
-    job = SimpleNamespace(dataset="digits", run="NoFed", seed="0")
+    job = SimpleNamespace(dataset="digits-s1", run="FedAvg", seed="0")
     assert plan.training.train_inputs(job)["replication_check"] == rep.check_file()
+    original = SimpleNamespace(dataset="digits", run="NoFed", seed="0")     # the runs without the section
+    assert "replication_check" not in plan.training.train_inputs(original)

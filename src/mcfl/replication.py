@@ -10,8 +10,11 @@ protocol and seeds. The configured dataset itself is the first draw (named by ``
 existing training rules then train every draw; ``workflow/rules/replication.smk`` adds the report
 (:mod:`mcfl.replication_report`).
 
-Every run of a replicated dataset carries its draw's name (``draw``): an MLflow parameter and tag,
-a line of its ``metrics.json`` and a column of ``table.csv``.
+Every run of a redrawn dataset carries its draw's name (``draw``): an MLflow parameter and tag,
+a line of its ``metrics.json`` and a column of ``table.csv``. The original dataset's runs carry
+none: they are exactly the runs of the config without the section (the same run specs, folders and
+MLflow runs), so a study replicated later reuses the runs it already has; the report and the tables
+name their draw ``original`` (:func:`draw_of`).
 """
 
 from __future__ import annotations
@@ -54,10 +57,15 @@ def add_draws(cfg: dict, expand_runs: Callable[[dict], list[dict]]) -> bool:
             raise ReplicationError(f"replication.draws.{draw}: its dataset name {name!r} is already a "
                                    f"dataset of the config; rename the draw")
         cfg["datasets"][name] = _redrawn(original, rep["draws"][draw], draw)
-    original["draw"] = rep["original"]
     _check_protocols(original, rep)
     _extend_methods(cfg, base, list(names.values()), rep, expand_runs)
     return True
+
+
+def draw_of(run: dict, original: str) -> str:
+    """A run's draw: the one its spec (or ``metrics.json``) names, else ``original`` (the original
+    dataset's runs carry no ``draw``: they are the runs of the config without the section)."""
+    return run.get("draw") or original
 
 
 def draw_dataset(base: str, draw: str) -> str:
@@ -194,21 +202,27 @@ class ReplicationPlan:
         """The most clients a round of the draws' runs samples (0: every round trains all)."""
         return max((r["train"].get("clients_per_round") or 0 for r in self.runs()), default=0)
 
-    def gate(self) -> dict[str, str]:
-        """The extra input of every training job: the check's file (none without the section)."""
-        return {"replication_check": self.check_file()} if self else {}
+    def gate(self) -> dict[str, tuple[str, list[str]]]:
+        """The extra input of the redrawn datasets' training jobs: the check's file (none without
+        the section). The original dataset's jobs are those of the config without the section, so
+        their inputs stay the same: runs it already has are not trained again."""
+        return {"replication_check": (self.check_file(), self.datasets()[1:])} if self else {}
 
 
 def cost_line(cfg: dict, runs: list, duration: Callable[[float], str]) -> str:
     """What `mcfl check-config` says of a replication's cost: the runs on the draws beyond the
-    original and their estimated training (``runs``: the estimate's per-run costs, with ``dataset``
-    and ``total_s``; ``duration``: how to write seconds); "" without the section."""
+    original and their estimated training, and the original draw's runs, which are the config's
+    runs without the section (``runs``: the estimate's per-run costs, with ``dataset`` and
+    ``total_s``; ``duration``: how to write seconds); "" without the section."""
     rep = cfg.get("replication")
     if rep is None:
         return ""
     others = [draw_dataset(rep["dataset"], d) for d in rep["draws"]]
     mine = [r for r in runs if r.dataset in others]
+    shared = [r for r in runs if r.dataset == rep["dataset"]]
     total = sum(r.total_s for r in runs)
     return (f"replication: {len(others)} draw{'s' if len(others) > 1 else ''} beside {rep['original']!r} "
             f"({', '.join(rep['draws'])}): {len(mine)} more training runs, "
-            f"{duration(sum(r.total_s for r in mine))} of the {duration(total)} above")
+            f"{duration(sum(r.total_s for r in mine))} of the {duration(total)} above; the {len(shared)} runs "
+            f"on {rep['original']!r} ({rep['dataset']}, {duration(sum(r.total_s for r in shared))}) are the "
+            f"same runs as without the section (in {cfg['results']}/runs/: trained or restored once)")
