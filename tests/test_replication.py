@@ -223,3 +223,32 @@ def test_the_report_reads_the_chosen_runs_and_the_redrawn_jobs_wait_for_the_chec
     assert plan.training.train_inputs(job)["replication_check"] == rep.check_file()
     original = SimpleNamespace(dataset="digits", run="NoFed", seed="0")     # the runs without the section
     assert "replication_check" not in plan.training.train_inputs(original)
+
+
+def test_pending_of_an_overlay_that_extends_its_base_names_the_draws_runs_only(tmp_path, monkeypatch):
+    """tools/archive_runs.py --pending on one overlay file (``extends:`` its base, adds the section):
+    the base study's archived runs are the original draw's runs, so only the draws' runs are left."""
+    import importlib.util
+    from pathlib import Path
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("archive_runs", Path(__file__).resolve().parents[1]
+                                                  / "tools" / "archive_runs.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    base = {**copy.deepcopy(BASE), "experiment": "t", "results": "results-study", "data_dir": str(tmp_path / "data")}
+    del base["replication"]
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    (tmp_path / "replication.yaml").write_text(yaml.safe_dump(
+        {"extends": "base.yaml", "replication": {"draws": {"s1": {"prepare": {"seed": 1}}}, "methods": ["FeSEM(3)"]}}))
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for run in ("FedAvg", "FeSEM-K2", "FeSEM-K3", "NoFed"):          # the base study's runs, archived
+        for seed in (0, 1):
+            kept = tmp_path / "archived-runs" / "results-study" / "digits" / run / f"seed{seed}"
+            kept.mkdir(parents=True)
+            (kept / "metrics.json").write_text("{}")
+    assert tool.pending([str(tmp_path / "replication.yaml")]) == [
+        f"results-study/runs/digits-s1/{run}/seed{seed}/metrics.json"
+        for run in ("FedAvg", "FeSEM-K3") for seed in (0, 1)]
