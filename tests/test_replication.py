@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from mcfl.config import ConfigError, expand_runs, validate
+from mcfl.replication import cost_line
 from mcfl.replication_report import compare, one_sided_p, stouffer, table, verdict
 
 DIGITS = {"prepare": {"source": "digits", "clients": 12, "clusters": 2, "seed": 0},
@@ -252,3 +253,15 @@ def test_pending_of_an_overlay_that_extends_its_base_names_the_draws_runs_only(t
     assert tool.pending([str(tmp_path / "replication.yaml")]) == [
         f"results-study/runs/digits-s1/{run}/seed{seed}/metrics.json"
         for run in ("FedAvg", "FeSEM-K3") for seed in (0, 1)]
+
+
+def test_the_cost_line_counts_the_draws_runs_and_the_original_runs_still_to_train():
+    from types import SimpleNamespace
+
+    cfg = config()
+    runs = [SimpleNamespace(dataset=r["dataset"], label=r["label"], seed=r["seed"], total_s=60.0)
+            for r in expand_runs(cfg)]
+    line = cost_line(cfg, runs, lambda s: f"{s / 60:g} min", finished={("digits", "FedAvg", 0), ("digits", "NoFed", 1)})
+    assert line.startswith("replication: 2 draws beside 'original' (s1, p2): 8 more training runs, 8 min of the 16 min")
+    assert line.endswith("the 8 runs on 'original' are those of the config without the section "
+                         "(results/runs/digits/): 2 finished there, 6 to train (6 min)")

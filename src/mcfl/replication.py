@@ -209,20 +209,24 @@ class ReplicationPlan:
         return {"replication_check": (self.check_file(), self.datasets()[1:])} if self else {}
 
 
-def cost_line(cfg: dict, runs: list, duration: Callable[[float], str]) -> str:
+def cost_line(cfg: dict, runs: list, duration: Callable[[float], str], finished: set = frozenset()) -> str:
     """What `mcfl check-config` says of a replication's cost: the runs on the draws beyond the
     original and their estimated training, and the original draw's runs, which are the config's
-    runs without the section (``runs``: the estimate's per-run costs, with ``dataset`` and
-    ``total_s``; ``duration``: how to write seconds); "" without the section."""
+    runs without the section (``runs``: the estimate's per-run costs, with ``dataset``, ``label``,
+    ``seed`` and ``total_s``; ``duration``: how to write seconds; ``finished``: the (dataset, label,
+    seed) of the runs with a ``metrics.json`` in the results folder, restored or trained); "" without
+    the section."""
     rep = cfg.get("replication")
     if rep is None:
         return ""
     others = [draw_dataset(rep["dataset"], d) for d in rep["draws"]]
     mine = [r for r in runs if r.dataset in others]
     shared = [r for r in runs if r.dataset == rep["dataset"]]
+    todo = [r for r in shared if (r.dataset, r.label, r.seed) not in finished]
     total = sum(r.total_s for r in runs)
     return (f"replication: {len(others)} draw{'s' if len(others) > 1 else ''} beside {rep['original']!r} "
             f"({', '.join(rep['draws'])}): {len(mine)} more training runs, "
-            f"{duration(sum(r.total_s for r in mine))} of the {duration(total)} above; the {len(shared)} runs "
-            f"on {rep['original']!r} ({rep['dataset']}, {duration(sum(r.total_s for r in shared))}) are the "
-            f"same runs as without the section (in {cfg['results']}/runs/: trained or restored once)")
+            f"{duration(sum(r.total_s for r in mine))} of the {duration(total)} above; the {len(shared)} runs on "
+            f"{rep['original']!r} are those of the config without the section ({cfg['results']}/runs/"
+            f"{rep['dataset']}/): {len(shared) - len(todo)} finished there, {len(todo)} to train "
+            f"({duration(sum(r.total_s for r in todo))})")
