@@ -220,6 +220,7 @@ def test_the_report_reads_the_chosen_runs_and_the_redrawn_jobs_wait_for_the_chec
         ("digits", "FeSEM(3)"), ("digits", "FedAvg"), ("digits-p2", "FeSEM(3)"), ("digits-p2", "FedAvg"),
         ("digits-s1", "FeSEM(3)"), ("digits-s1", "FedAvg")]
     assert rep.sampled() == 4
+    assert rep.original_flag() == "--original-draw digits=original"       # the report's draw column
     job = SimpleNamespace(dataset="digits-s1", run="FedAvg", seed="0")
     assert plan.training.train_inputs(job)["replication_check"] == rep.check_file()
     original = SimpleNamespace(dataset="digits", run="NoFed", seed="0")     # the runs without the section
@@ -265,3 +266,25 @@ def test_the_cost_line_counts_the_draws_runs_and_the_original_runs_still_to_trai
     assert line.startswith("replication: 2 draws beside 'original' (s1, p2): 8 more training runs, 8 min of the 16 min")
     assert line.endswith("the 8 runs on 'original' are those of the config without the section "
                          "(results/runs/digits/): 2 finished there, 6 to train (6 min)")
+
+
+def test_the_results_tables_draw_column_names_the_original_for_its_runs(tmp_path):
+    """table.csv: a run's own draw, else the one ``mcfl report --original-draw`` names for its dataset."""
+    import json
+
+    import pandas as pd
+
+    from mcfl.report.table import collect, summary_table
+
+    dirs = []
+    for dataset, draw in (("d", None), ("d-s1", "s1")):
+        d = tmp_path / dataset / "FedAvg" / "seed0"
+        d.mkdir(parents=True)
+        final = {"micro_acc": 0.5, "micro_f1": 0.5, "macro_acc": 0.5, "macro_f1": 0.5}
+        (d / "metrics.json").write_text(json.dumps({"dataset": dataset, "method": "FedAvg", "label": "FedAvg",
+                                                    "seed": 0, "params": {}, "final": final,
+                                                    **({"draw": draw} if draw else {})}))
+        pd.DataFrame({"round": [1], "micro_acc": [0.5]}).to_csv(d / "history.csv", index=False)
+        dirs.append(d)
+    assert summary_table(collect(dirs, {"d": "leaf-torch"})[0])["draw"].tolist() == ["leaf-torch", "s1"]
+    assert summary_table(collect(dirs)[0])["draw"].tolist() == ["", "s1"]

@@ -20,6 +20,7 @@ name their draw ``original`` (:func:`draw_of`).
 from __future__ import annotations
 
 import copy
+import shlex
 from typing import Any, Callable
 
 
@@ -176,6 +177,11 @@ class ReplicationPlan:
 
     def run_outputs(self, name: str) -> list[str]:
         return self.plan.run_outputs(name, self.runs())
+
+    def original_flag(self) -> str:
+        """The report's flag naming the original dataset's draw (its runs name none): ``""``
+        without the section."""
+        return f"--original-draw {shlex.quote(self.section['dataset'] + '=' + self.section['original'])}" if self else ""
 
     def out(self) -> str:
         """Output path without suffix (``<out>.md``, ``.csv``, ``.png``) inside the results."""

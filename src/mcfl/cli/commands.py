@@ -282,7 +282,8 @@ def _cmd_report(a) -> int:
     from mcfl.report import write_report
 
     sources = dict(x.split("=", 1) for x in a.sources or [])
-    write_report([Path(p) for p in a.runs], Path(a.out), sources)
+    draws = dict(x.split("=", 1) for x in a.original_draw or [])
+    write_report([Path(p) for p in a.runs], Path(a.out), sources, draws)
     return 0
 
 
