@@ -13,8 +13,8 @@ existing training rules then train every draw; ``workflow/rules/replication.smk`
 Every run of a redrawn dataset carries its draw's name (``draw``): an MLflow parameter and tag,
 a line of its ``metrics.json`` and a column of ``table.csv``. The original dataset's runs carry
 none: they are exactly the runs of the config without the section (the same run specs, folders and
-MLflow runs), so a study replicated later reuses the runs it already has; the report and the tables
-name their draw ``original`` (:func:`draw_of`).
+MLflow runs), so a study replicated later reuses the runs it already has; the replication report and
+``table.csv`` name their draw by the section's ``original`` (:meth:`ReplicationPlan.original_flag`).
 """
 
 from __future__ import annotations
@@ -61,12 +61,6 @@ def add_draws(cfg: dict, expand_runs: Callable[[dict], list[dict]]) -> bool:
     _check_protocols(original, rep)
     _extend_methods(cfg, base, list(names.values()), rep, expand_runs)
     return True
-
-
-def draw_of(run: dict, original: str) -> str:
-    """A run's draw: the one its spec (or ``metrics.json``) names, else ``original`` (the original
-    dataset's runs carry no ``draw``: they are the runs of the config without the section)."""
-    return run.get("draw") or original
 
 
 def draw_dataset(base: str, draw: str) -> str:
