@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from mcfl.config import ConfigError, expand_runs, validate
+from mcfl.replication import cost_line
 from mcfl.replication_report import compare, one_sided_p, stouffer, table, verdict
 
 DIGITS = {"prepare": {"source": "digits", "clients": 12, "clusters": 2, "seed": 0},
@@ -29,10 +30,20 @@ def test_each_draw_is_a_dataset_with_the_chosen_runs_and_the_reference():
     assert cfg["datasets"]["digits-s1"]["prepare"]["seed"] == 1
     assert cfg["datasets"]["digits-p2"]["partition"] == {"scheme": "iid", "seed": 2}
     assert cfg["datasets"]["digits-s1"]["model"] == DIGITS["model"]
-    runs = {(r["dataset"], r["label"], r["seed"]): r["draw"] for r in expand_runs(cfg)}
+    runs = {(r["dataset"], r["label"], r["seed"]): r.get("draw") for r in expand_runs(cfg)}
     assert sorted(k[:2] for k in runs if k[0] != "digits" and k[2] == 0) == [
         ("digits-p2", "FeSEM(3)"), ("digits-p2", "FedAvg"), ("digits-s1", "FeSEM(3)"), ("digits-s1", "FedAvg")]
-    assert runs[("digits", "NoFed", 0)] == "original" and runs[("digits-p2", "FedAvg", 1)] == "p2"
+    assert runs[("digits", "NoFed", 0)] is None and runs[("digits-p2", "FedAvg", 1)] == "p2"
+
+
+def test_the_original_datasets_runs_are_the_runs_without_the_section():
+    """Byte for byte the same run specs: a study replicated later reuses the runs it has."""
+    from mcfl.io import canonical_json
+
+    plain = copy.deepcopy(BASE)
+    del plain["replication"]
+    base = [canonical_json(r) for r in expand_runs(validate(plain))]
+    assert [canonical_json(r) for r in expand_runs(config()) if r["dataset"] == "digits"] == base
 
 
 def test_validating_an_expanded_config_again_changes_nothing():
@@ -121,6 +132,9 @@ def test_table_contradicted_when_two_draws_disagree():
     assert (t["verdict"] == "contradicted").all()
     assert t["p_one_sided"].iloc[1] == pytest.approx(1.0)     # in the first draw's direction
     assert t["combined_p"].iloc[0] == pytest.approx(stouffer([0.5 ** 40, 1.0]))
+    unnamed = [{k: v for k, v in r.items() if not (k == "draw" and v == "a")} for r in runs]
+    same = table(unnamed, "FedAvg", ["standard"], ["a", "b"])       # no draw: the first (original) one
+    assert same.drop(columns="dataset").equals(t.drop(columns="dataset"))
 
 
 # -- the check before any training ---------------------------------------------------------------------
@@ -192,7 +206,7 @@ def test_the_draw_is_an_mlflow_tag_to_filter_by(tmp_path, monkeypatch):
     assert [r.info.run_id for r in found] == [ids["s1"]] and found[0].data.params["draw"] == "s1"
 
 
-def test_the_report_reads_the_chosen_runs_and_every_training_job_waits_for_the_check():
+def test_the_report_reads_the_chosen_runs_and_the_redrawn_jobs_wait_for_the_check():
     from types import SimpleNamespace
 
     from mcfl.plan import Plan
@@ -206,5 +220,71 @@ def test_the_report_reads_the_chosen_runs_and_every_training_job_waits_for_the_c
         ("digits", "FeSEM(3)"), ("digits", "FedAvg"), ("digits-p2", "FeSEM(3)"), ("digits-p2", "FedAvg"),
         ("digits-s1", "FeSEM(3)"), ("digits-s1", "FedAvg")]
     assert rep.sampled() == 4
-    job = SimpleNamespace(dataset="digits", run="NoFed", seed="0")
+    assert rep.original_flag() == "--original-draw digits=original"       # the report's draw column
+    job = SimpleNamespace(dataset="digits-s1", run="FedAvg", seed="0")
     assert plan.training.train_inputs(job)["replication_check"] == rep.check_file()
+    original = SimpleNamespace(dataset="digits", run="NoFed", seed="0")     # the runs without the section
+    assert "replication_check" not in plan.training.train_inputs(original)
+
+
+def test_pending_of_an_overlay_that_extends_its_base_names_the_draws_runs_only(tmp_path, monkeypatch):
+    """tools/archive_runs.py --pending on one overlay file (``extends:`` its base, adds the section):
+    the base study's archived runs are the original draw's runs, so only the draws' runs are left."""
+    import importlib.util
+    from pathlib import Path
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("archive_runs", Path(__file__).resolve().parents[1]
+                                                  / "tools" / "archive_runs.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    base = {**copy.deepcopy(BASE), "experiment": "t", "results": "results-study", "data_dir": str(tmp_path / "data")}
+    del base["replication"]
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    (tmp_path / "replication.yaml").write_text(yaml.safe_dump(
+        {"extends": "base.yaml", "replication": {"draws": {"s1": {"prepare": {"seed": 1}}}, "methods": ["FeSEM(3)"]}}))
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for run in ("FedAvg", "FeSEM-K2", "FeSEM-K3", "NoFed"):          # the base study's runs, archived
+        for seed in (0, 1):
+            kept = tmp_path / "archived-runs" / "results-study" / "digits" / run / f"seed{seed}"
+            kept.mkdir(parents=True)
+            (kept / "metrics.json").write_text("{}")
+    assert tool.pending([str(tmp_path / "replication.yaml")]) == [
+        f"results-study/runs/digits-s1/{run}/seed{seed}/metrics.json"
+        for run in ("FedAvg", "FeSEM-K3") for seed in (0, 1)]
+
+
+def test_the_cost_line_counts_the_draws_runs_and_the_original_runs_still_to_train():
+    from types import SimpleNamespace
+
+    cfg = config()
+    runs = [SimpleNamespace(dataset=r["dataset"], label=r["label"], seed=r["seed"], total_s=60.0)
+            for r in expand_runs(cfg)]
+    line = cost_line(cfg, runs, lambda s: f"{s / 60:g} min", finished={("digits", "FedAvg", 0), ("digits", "NoFed", 1)})
+    assert line.startswith("replication: 2 draws beside 'original' (s1, p2): 8 more training runs, 8 min of the 16 min")
+    assert line.endswith("the 8 runs on 'original' are those of the config without the section "
+                         "(results/runs/digits/): 2 finished there, 6 to train (6 min)")
+
+
+def test_the_results_tables_draw_column_names_the_original_for_its_runs(tmp_path):
+    """table.csv: a run's own draw, else the one ``mcfl report --original-draw`` names for its dataset."""
+    import json
+
+    import pandas as pd
+
+    from mcfl.report.table import collect, summary_table
+
+    dirs = []
+    for dataset, draw in (("d", None), ("d-s1", "s1")):
+        d = tmp_path / dataset / "FedAvg" / "seed0"
+        d.mkdir(parents=True)
+        final = {"micro_acc": 0.5, "micro_f1": 0.5, "macro_acc": 0.5, "macro_f1": 0.5}
+        (d / "metrics.json").write_text(json.dumps({"dataset": dataset, "method": "FedAvg", "label": "FedAvg",
+                                                    "seed": 0, "params": {}, "final": final,
+                                                    **({"draw": draw} if draw else {})}))
+        pd.DataFrame({"round": [1], "micro_acc": [0.5]}).to_csv(d / "history.csv", index=False)
+        dirs.append(d)
+    assert summary_table(collect(dirs, {"d": "leaf-torch"})[0])["draw"].tolist() == ["leaf-torch", "s1"]
+    assert summary_table(collect(dirs)[0])["draw"].tolist() == ["", "s1"]

@@ -10,13 +10,17 @@ protocol and seeds. The configured dataset itself is the first draw (named by ``
 existing training rules then train every draw; ``workflow/rules/replication.smk`` adds the report
 (:mod:`mcfl.replication_report`).
 
-Every run of a replicated dataset carries its draw's name (``draw``): an MLflow parameter and tag,
-a line of its ``metrics.json`` and a column of ``table.csv``.
+Every run of a redrawn dataset carries its draw's name (``draw``): an MLflow parameter and tag,
+a line of its ``metrics.json`` and a column of ``table.csv``. The original dataset's runs carry
+none: they are exactly the runs of the config without the section (the same run specs, folders and
+MLflow runs), so a study replicated later reuses the runs it already has; the replication report and
+``table.csv`` name their draw by the section's ``original`` (:meth:`ReplicationPlan.original_flag`).
 """
 
 from __future__ import annotations
 
 import copy
+import shlex
 from typing import Any, Callable
 
 
@@ -54,7 +58,6 @@ def add_draws(cfg: dict, expand_runs: Callable[[dict], list[dict]]) -> bool:
             raise ReplicationError(f"replication.draws.{draw}: its dataset name {name!r} is already a "
                                    f"dataset of the config; rename the draw")
         cfg["datasets"][name] = _redrawn(original, rep["draws"][draw], draw)
-    original["draw"] = rep["original"]
     _check_protocols(original, rep)
     _extend_methods(cfg, base, list(names.values()), rep, expand_runs)
     return True
@@ -169,6 +172,11 @@ class ReplicationPlan:
     def run_outputs(self, name: str) -> list[str]:
         return self.plan.run_outputs(name, self.runs())
 
+    def original_flag(self) -> str:
+        """The report's flag naming the original dataset's draw (its runs name none): ``""``
+        without the section."""
+        return f"--original-draw {shlex.quote(self.section['dataset'] + '=' + self.section['original'])}" if self else ""
+
     def out(self) -> str:
         """Output path without suffix (``<out>.md``, ``.csv``, ``.png``) inside the results."""
         return self.plan.page(self.section["out"])
@@ -194,21 +202,31 @@ class ReplicationPlan:
         """The most clients a round of the draws' runs samples (0: every round trains all)."""
         return max((r["train"].get("clients_per_round") or 0 for r in self.runs()), default=0)
 
-    def gate(self) -> dict[str, str]:
-        """The extra input of every training job: the check's file (none without the section)."""
-        return {"replication_check": self.check_file()} if self else {}
+    def gate(self) -> dict[str, tuple[str, list[str]]]:
+        """The extra input of the redrawn datasets' training jobs: the check's file (none without
+        the section). The original dataset's jobs are those of the config without the section, so
+        their inputs stay the same: runs it already has are not trained again."""
+        return {"replication_check": (self.check_file(), self.datasets()[1:])} if self else {}
 
 
-def cost_line(cfg: dict, runs: list, duration: Callable[[float], str]) -> str:
+def cost_line(cfg: dict, runs: list, duration: Callable[[float], str], finished: set = frozenset()) -> str:
     """What `mcfl check-config` says of a replication's cost: the runs on the draws beyond the
-    original and their estimated training (``runs``: the estimate's per-run costs, with ``dataset``
-    and ``total_s``; ``duration``: how to write seconds); "" without the section."""
+    original and their estimated training, and the original draw's runs, which are the config's
+    runs without the section (``runs``: the estimate's per-run costs, with ``dataset``, ``label``,
+    ``seed`` and ``total_s``; ``duration``: how to write seconds; ``finished``: the (dataset, label,
+    seed) of the runs with a ``metrics.json`` in the results folder, restored or trained); "" without
+    the section."""
     rep = cfg.get("replication")
     if rep is None:
         return ""
     others = [draw_dataset(rep["dataset"], d) for d in rep["draws"]]
     mine = [r for r in runs if r.dataset in others]
+    shared = [r for r in runs if r.dataset == rep["dataset"]]
+    todo = [r for r in shared if (r.dataset, r.label, r.seed) not in finished]
     total = sum(r.total_s for r in runs)
     return (f"replication: {len(others)} draw{'s' if len(others) > 1 else ''} beside {rep['original']!r} "
             f"({', '.join(rep['draws'])}): {len(mine)} more training runs, "
-            f"{duration(sum(r.total_s for r in mine))} of the {duration(total)} above")
+            f"{duration(sum(r.total_s for r in mine))} of the {duration(total)} above; the {len(shared)} runs on "
+            f"{rep['original']!r} are those of the config without the section ({cfg['results']}/runs/"
+            f"{rep['dataset']}/): {len(shared) - len(todo)} finished there, {len(todo)} to train "
+            f"({duration(sum(r.total_s for r in todo))})")

@@ -91,8 +91,11 @@ def compare(mine: list[dict], ref: list[dict], protocol: str) -> dict:
 
 def table(runs: list[dict], reference: str, protocols: list[str], draws: list[str]) -> pd.DataFrame:
     """One row per (method, protocol, draw) with :func:`compare`'s numbers, each row's group's
-    one-sided p's, Stouffer's ``combined_p`` and ``verdict``."""
-    missing = [d for d in draws if not any(m.get("draw") == d and m["label"] == reference for m in runs)]
+    one-sided p's, Stouffer's ``combined_p`` and ``verdict``. ``draws``: the original first, the
+    draw of every run that names none (the original dataset's runs are the config's runs without
+    the section, so their ``metrics.json`` has no ``draw``)."""
+    runs = [{**m, "draw": m.get("draw") or draws[0]} for m in runs]
+    missing = [d for d in draws if not any(m["draw"] == d and m["label"] == reference for m in runs)]
     if missing:
         raise ValueError(f"replication: no {reference} run on draw {missing[0]!r} among the runs given")
     rows = []
@@ -100,8 +103,8 @@ def table(runs: list[dict], reference: str, protocols: list[str], draws: list[st
         for protocol in protocols:
             group = []
             for draw in draws:
-                mine = [m for m in runs if m["label"] == label and m.get("draw") == draw]
-                ref = [m for m in runs if m["label"] == reference and m.get("draw") == draw]
+                mine = [m for m in runs if m["label"] == label and m["draw"] == draw]
+                ref = [m for m in runs if m["label"] == reference and m["draw"] == draw]
                 dataset = mine[0]["dataset"] if mine else ""
                 group.append({"method": label, "protocol": protocol, "draw": draw, "dataset": dataset,
                               **compare(mine, ref, protocol)})

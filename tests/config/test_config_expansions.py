@@ -13,6 +13,7 @@ import copy
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,7 +37,7 @@ STUDIES: dict[str, tuple[list[str], dict]] = {
     "femnist-sample": (["config/femnist-sample.yaml"], {}),
     **{f"femnist-sample-{o}": ([f"config/femnist-sample/{o}.yaml"], {})
        for o in ["paper", "authors", "authors-switches", "tune", "fedgsp", "fedcg", "variants",
-                 "switches", "h248", "flic"]},
+                 "switches", "h248", "flic", "replication"]},
     **{f"femnist-sample-{p}": (["config/femnist-sample/precision.yaml"], {"vars": {"precision": p}})
        for p in ["bf16", "tf32"]},
 }
@@ -71,6 +72,42 @@ def test_each_study_plans_what_it_planned_before(study, monkeypatch):
     files, overrides = STUDIES[study]
     recorded = (EXPANSIONS / f"{study}.jsonl").read_text()
     assert canonical(expansion(files, overrides)) == recorded
+
+
+def test_the_femnist_sample_replication_trains_the_base_studys_runs_on_the_original_writers(monkeypatch):
+    """The femnist-sample replication's runs on the original dataset are the femnist-sample study's
+    runs of the same label and seed, byte for byte (the same run folders, specs and MLflow runs),
+    so its archived runs are reused; only the redrawn writers' runs carry a ``draw``."""
+    from mcfl.io import canonical_json
+
+    monkeypatch.chdir(ROOT)
+    base_files, _ = STUDIES["femnist-sample"]
+    base_head, *base_runs = expansion(base_files, {})
+    head, *runs = expansion(*STUDIES["femnist-sample-replication"])
+    base = {key: run for item in base_runs for key, run in item.items()}
+    original = {tuple(key.split("/")): run for item in runs for key, run in item.items()
+                if run["dataset"] == "femnist_sample"}
+    redrawn = [run for item in runs for run in item.values() if run["dataset"] != "femnist_sample"]
+    for key in ("results", "data_dir", "experiment"):              # the same folders, store and MLflow runs
+        assert head["config"][key] == base_head["config"][key], key
+    assert set(head["stores"]) >= set(base_head["stores"])
+    assert len(original) == len(redrawn) == 11 * 3                 # 11 rows, 3 seeds, on each draw
+    for key, run in original.items():
+        assert canonical_json(run) == canonical_json(base["/".join(key)]), key
+        assert (run["label"], run["seed"]) == (base["/".join(key)]["label"], base["/".join(key)]["seed"])
+    assert {run["draw"] for run in redrawn} == {"flic"}
+    plans = [_plan(STUDIES[study][0]) for study in ("femnist-sample", "femnist-sample-replication")]
+    for dataset, run_id, seed in original:                          # the same jobs: the same inputs and spec
+        w = SimpleNamespace(dataset=dataset, run=run_id, seed=str(seed))
+        assert len({(p.training.run_json(w), repr(p.training.train_inputs(w))) for p in plans}) == 1, w
+
+
+def _plan(files: list[str]):
+    from mcfl.config import name_defaults, read_configs, validate_with_overrides
+    from mcfl.plan import Plan
+
+    paths = [str(ROOT / f) for f in files]
+    return Plan(validate_with_overrides(name_defaults(read_configs(paths), paths[-1]), {}, " + ".join(files)))
 
 
 def test_every_recorded_study_is_still_shipped():

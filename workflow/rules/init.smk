@@ -9,7 +9,7 @@ if P.training.shared_first:
     rule first_models:
         input:
             store=P.training.first_store,
-            gates=lambda w: list(P.gates.values()),
+            gates=lambda w: list(P.gates_of(w.dataset).values()),
         output:
             P.training.first_models_file,
         log:

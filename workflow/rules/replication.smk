@@ -1,13 +1,14 @@
 # Does each paired comparison replicate on other draws of the clients? The config's `replication`
 # section (mcfl.replication) made each draw a dataset, so the train rules train its runs; this rule
 # compares every chosen method with the reference on every draw and protocol (mcfl.replication_report).
-# Nothing is added without `replication`. Every training job waits for the draws' check.
+# Nothing is added without `replication`. Every training job of a redrawn dataset waits for the
+# draws' check (the original dataset's jobs are those of the config without the section).
 
 from mcfl.replication import ReplicationPlan
 
 REPLICATION = ReplicationPlan(P)
 EXTRA_TARGETS.extend(REPLICATION.targets())
-P.gates.update(REPLICATION.gate())  # every training job waits for replication_check
+P.gates.update(REPLICATION.gate())  # the redrawn datasets' jobs wait for replication_check
 
 if REPLICATION:
 

@@ -1,6 +1,8 @@
 # Tables and figures from the configured runs' own output files (FedGSP's sweep runs feed only its
 # own figures: mcfl.plan.Plan.configured).
 
+from mcfl.replication import ReplicationPlan
+
 
 rule report:
     input:
@@ -26,5 +28,7 @@ rule report:
         runs=P.input_dirs,
         sources=[f"{d}={ds['prepare']['source']}" for d, ds in config["datasets"].items()],
         out=lambda w: RES,
+        # a replicated config's original dataset: its runs name no draw (mcfl.replication)
+        draw=ReplicationPlan(P).original_flag(),
     shell:
-        "mcfl report --out {params.out:q} {params.runs:q} --sources {params.sources:q} > {log:q} 2>&1"
+        "mcfl report --out {params.out:q} {params.runs:q} --sources {params.sources:q} {params.draw} > {log:q} 2>&1"

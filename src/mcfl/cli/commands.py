@@ -78,13 +78,16 @@ def _cmd_check_config(a) -> int:
         from mcfl.plan import Plan
 
         try:
-            est = estimate(Plan(cfg))
+            plan = Plan(cfg)
+            est = estimate(plan)
         except (ValueError, RuntimeError, OSError) as e:    # the config is valid: say why, go on
             print(f"(no cost estimate: {' '.join(str(e).split())})")
             return 0
         print(est.summary(cores=available_cores()))
         if "replication" in cfg:                           # what the other draws add (mcfl.replication)
-            print(cost_line(cfg, est.runs, duration))
+            finished = {(r["dataset"], r["label"], r["seed"]) for r in plan.configured.values()
+                        if (Path(plan.dir_of(r)) / "metrics.json").is_file()}
+            print(cost_line(cfg, est.runs, duration, finished))
         print("  (snakemake prints the cost of the jobs it will actually run when it starts: "
               "`snakemake -n` lists them)")
     return 0
@@ -279,7 +282,8 @@ def _cmd_report(a) -> int:
     from mcfl.report import write_report
 
     sources = dict(x.split("=", 1) for x in a.sources or [])
-    write_report([Path(p) for p in a.runs], Path(a.out), sources)
+    draws = dict(x.split("=", 1) for x in a.original_draw or [])
+    write_report([Path(p) for p in a.runs], Path(a.out), sources, draws)
     return 0
 
 

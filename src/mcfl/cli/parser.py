@@ -247,6 +247,8 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.json, history.csv)")
     p.add_argument("--sources", nargs="*", metavar="DATASET=SOURCE",
                    help="data source of each dataset, to match FeSEM's tables (femnist, celeba)")
+    p.add_argument("--original-draw", action="append", metavar="DATASET=DRAW",
+                   help="the draw of a dataset whose runs name none (a replicated config's original)")
     p = sub.add_parser("track", help="record finished runs in MLflow from their files "
                                      "(tracking: deferred)")
     p.add_argument("--experiment", required=True, help="MLflow experiment name")

@@ -13,7 +13,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", required=True, help="output path without suffix")
     p.add_argument("--reference", default="FedAvg", help="label of the method every row is compared with")
     p.add_argument("--draws", nargs="+", required=True, help="the draws' names, the original first "
-                                                             "(each run's metrics.json names its draw)")
+                                                             "(each run's metrics.json names its draw; "
+                                                             "one that names none is the original's)")
     p.add_argument("--protocols", nargs="+", default=["standard"], help="standard and/or named protocols")
     p.add_argument("--title", default="", help="the page's heading")
     p.add_argument("--runs", nargs="+", required=True, help="run directories (metrics.json, predictions.csv)")

@@ -77,9 +77,9 @@ class Plan:
         for (d, _, s), run in self.runs.items():
             if run["needs_centres"]:
                 self.inits.setdefault((d, centre_key(run), s), run)
-        #: extra inputs of every training job: files a check writes before any training starts
-        #: (``replication_check``: workflow/rules/replication.smk)
-        self.gates: dict[str, str] = {}
+        #: extra inputs of training jobs: ``{name: (file, datasets)}``, a file a check writes before
+        #: the jobs of those datasets start (``replication_check``: workflow/rules/replication.smk)
+        self.gates: dict[str, tuple[str, list[str]]] = {}
         # the stages' planners (each beside its rule file: see the module docstring)
         self.prepare = PreparePlan(self)
         self.training = TrainPlan(self)
@@ -125,6 +125,10 @@ class Plan:
     def input_dirs(wildcards, input) -> list[str]:
         """The directories of a job's input files (a param derived from its inputs)."""
         return [os.path.dirname(f) for f in input]
+
+    def gates_of(self, dataset: str) -> dict[str, str]:
+        """The gate files the training jobs of ``dataset`` wait for (see :attr:`gates`)."""
+        return {name: path for name, (path, datasets) in self.gates.items() if dataset in datasets}
 
     # -- stores --------------------------------------------------------------------------------------
     def raw_store(self, dataset: str) -> str:

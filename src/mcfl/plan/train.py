@@ -47,7 +47,7 @@ class TrainPlan:
 
     def train_inputs(self, w) -> dict[str, str]:
         run = self.plan.run(w)
-        inputs = {"store": self.plan.store(w.dataset), **self.plan.gates, **self.k_input(w)}
+        inputs = {"store": self.plan.store(w.dataset), **self.plan.gates_of(w.dataset), **self.k_input(w)}
         if run["needs_centres"]:
             inputs["centres"] = self.init_path(run)
         return inputs
@@ -79,7 +79,7 @@ class TrainPlan:
 
     def init_inputs(self, w) -> dict[str, str]:
         run = self.init_run(w)
-        inputs = {"store": self.plan.store(w.dataset), **self.plan.gates, **self.k_input(w, run)}
+        inputs = {"store": self.plan.store(w.dataset), **self.plan.gates_of(w.dataset), **self.k_input(w, run)}
         first = self.first_path(run)
         if first:
             inputs["first"] = first
@@ -197,7 +197,7 @@ class TrainPlan:
 
     def group_inputs(self, w) -> dict[str, str]:
         """The store, and each seed's centres file and select-k result (``centres<i>``, ``k<i>``)."""
-        inputs = {"store": self.plan.store(w.dataset), **self.plan.gates}
+        inputs = {"store": self.plan.store(w.dataset), **self.plan.gates_of(w.dataset)}
         for i, run in enumerate(self._group_runs(w)):
             if run["needs_centres"]:
                 inputs[f"centres{i}"] = self.init_path(run)

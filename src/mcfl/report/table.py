@@ -34,12 +34,14 @@ METRICS = ["micro_acc", "micro_f1", "macro_acc", "macro_f1"]
 CLUSTER = ["ari", "nmi"]
 
 
-def collect(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(one row per run with final metrics, all runs' histories stacked)."""
+def collect(run_dirs: list[Path], draws: dict[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(one row per run with final metrics, all runs' histories stacked). ``draws``: the draw of a
+    dataset whose runs name none (a replicated config's original dataset: mcfl.replication)."""
     finals, hists = [], []
     for d in run_dirs:
         m = read_run(d, history=True)
-        finals.append({"dataset": m["dataset"], "partition": m.get("partition", "natural"), "draw": m.get("draw", ""),
+        draw = m.get("draw") or (draws or {}).get(m["dataset"], "")
+        finals.append({"dataset": m["dataset"], "partition": m.get("partition", "natural"), "draw": draw,
                        "method": m["label"], "seed": m["seed"], **m["final"],
                        "diverged": m.get("diverged")})
         h = m["history"]
@@ -117,10 +119,11 @@ def convergence_figure(hist: pd.DataFrame, dataset: str, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(run_dirs: list[Path], out: Path, sources: dict[str, str] | None = None) -> None:
+def write_report(run_dirs: list[Path], out: Path, sources: dict[str, str] | None = None,
+                 draws: dict[str, str] | None = None) -> None:
     """Every file of the report, all or nothing (:func:`mcfl.io.staged`): a failure leaves the
-    earlier report as it was."""
-    finals, hist = collect(run_dirs)
+    earlier report as it was. ``draws``: see :func:`collect`."""
+    finals, hist = collect(run_dirs, draws)
     table = summary_table(finals)
     with staged(out) as stage:
         with atomic_path(stage / "table.csv") as tmp:
