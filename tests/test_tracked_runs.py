@@ -3,7 +3,6 @@ the same run (its name and parameters) supersedes them as it does its folder's o
 
 from conftest import make_run
 from mcfl.track import MLflowTracker
-from test_faults import migrated_db, mlflow_uri  # noqa: F401 - fixtures
 
 
 def test_a_record_supersedes_the_untagged_runs_of_its_name_and_parameters(mlflow_uri):
