@@ -5,12 +5,13 @@ clusters with scikit-learn only where the store has true clusters), pandas (repo
 are written with the standard library's ``csv``), PIL or torchvision.
 These tests fail when a module-level import of one of them comes back on a job's path."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
-from conftest import make_run, small_params
+from conftest import ROOT, make_run, small_params
 
 #: what no training job without live tracking (and without true clusters to score) imports
 NOT_IN_TRAIN = ("mlflow", "matplotlib", "pandas", "sklearn", "scipy", "PIL", "torchvision")
@@ -234,31 +235,13 @@ def test_every_module_is_a_room_of_its_own_size(path):
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan)."""
-    index, low, stack, on, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while not comp or comp[-1] != v:
-                comp.append(stack.pop())
-                on.discard(comp[-1])
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
+    """The strongly connected components with more than one module: ``tools/import_graph.py``'s
+    (Tarjan's algorithm), the one ``make lint`` runs."""
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "tools" / "import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # (its dataclass looks its module up)
+    spec.loader.exec_module(module)
+    return module.cycles(graph)
 
 
 def test_cycle_finder_finds_a_cycle_through_a_function_level_import():
