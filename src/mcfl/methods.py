@@ -31,6 +31,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from mcfl import plugins as _plugins
+
 if TYPE_CHECKING:                      # annotations only: the registry sits below the methods
     from mcfl.algorithms.base import Algorithm
 
@@ -96,9 +98,7 @@ class MethodError(ValueError):
 
 
 def _entry_points() -> dict:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return _plugins.entry_points(ENTRY_POINT_GROUP)
 
 
 def _builtin_names() -> set[str]:
@@ -106,20 +106,12 @@ def _builtin_names() -> set[str]:
 
 
 def _distribution(ep) -> str:
-    dist = getattr(ep, "dist", None)
-    return f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+    return _plugins.distribution(ep)
 
 
 def _load(spec: str) -> type:
     """The class ``module:Class`` names (importing its module)."""
-    module, attr = spec.split(":")
-    try:
-        mod = importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001 - any failure of a plugin's import is the plugin's
-        raise MethodError(f"{spec}: module {module!r} cannot be imported ({type(e).__name__}: {e})") from None
-    if not hasattr(mod, attr):
-        raise MethodError(f"{spec}: module {module!r} has no attribute {attr!r}")
-    return getattr(mod, attr)
+    return _plugins.load(spec, MethodError, spec)
 
 
 def _checked(cls, spec: str, plain: str) -> type[Algorithm]:

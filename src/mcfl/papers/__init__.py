@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcfl import plugins
+
 #: the entry-point group through which an installed package registers its papers
 ENTRY_POINT_GROUP = "mcfl.papers"
 
@@ -104,20 +106,11 @@ REGISTRY = {
 
 
 def _attribute(spec: str, what: str) -> Any:
-    module, _, attr = spec.partition(":")
-    try:
-        mod = importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001 - any failure of a plugin's import is the plugin's
-        raise PaperError(f"{what}: module {module!r} cannot be imported ({type(e).__name__}: {e})") from None
-    if not hasattr(mod, attr):
-        raise PaperError(f"{what}: module {module!r} has no attribute {attr!r}")
-    return getattr(mod, attr)
+    return plugins.load(spec, PaperError, what)
 
 
 def _entry_points() -> dict:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return plugins.entry_points(ENTRY_POINT_GROUP)
 
 
 def _checked(paper: Any, where: str) -> Paper:
