@@ -220,7 +220,7 @@ def test_the_report_reads_the_chosen_runs_and_the_redrawn_jobs_wait_for_the_chec
         ("digits", "FeSEM(3)"), ("digits", "FedAvg"), ("digits-p2", "FeSEM(3)"), ("digits-p2", "FedAvg"),
         ("digits-s1", "FeSEM(3)"), ("digits-s1", "FedAvg")]
     assert rep.sampled() == 4
-    assert rep.original_flag() == "--original-draw digits=original"       # the report's draw column
+    assert rep.original_flag() == ["--original-draw", "digits=original"]       # the report's draw column
     job = SimpleNamespace(dataset="digits-s1", run="FedAvg", seed="0")
     assert plan.training.train_inputs(job)["replication_check"] == rep.check_file()
     original = SimpleNamespace(dataset="digits", run="NoFed", seed="0")     # the runs without the section

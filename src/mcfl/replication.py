@@ -20,7 +20,6 @@ MLflow runs), so a study replicated later reuses the runs it already has; the re
 from __future__ import annotations
 
 import copy
-import shlex
 from typing import Any, Callable
 
 
@@ -172,10 +171,10 @@ class ReplicationPlan:
     def run_outputs(self, name: str) -> list[str]:
         return self.plan.run_outputs(name, self.runs())
 
-    def original_flag(self) -> str:
-        """The report's flag naming the original dataset's draw (its runs name none): ``""``
-        without the section."""
-        return f"--original-draw {shlex.quote(self.section['dataset'] + '=' + self.section['original'])}" if self else ""
+    def original_flag(self) -> list[str]:
+        """The report's arguments naming the original dataset's draw (its runs name none), one word
+        each for the rule's quoting: none without the section."""
+        return ["--original-draw", f"{self.section['dataset']}={self.section['original']}"] if self else []
 
     def out(self) -> str:
         """Output path without suffix (``<out>.md``, ``.csv``, ``.png``) inside the results."""

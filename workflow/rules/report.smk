@@ -31,4 +31,4 @@ rule report:
         # a replicated config's original dataset: its runs name no draw (mcfl.replication)
         draw=ReplicationPlan(P).original_flag(),
     shell:
-        "mcfl report --out {params.out:q} {params.runs:q} --sources {params.sources:q} {params.draw} > {log:q} 2>&1"
+        "mcfl report --out {params.out:q} {params.runs:q} --sources {params.sources:q} {params.draw:q} > {log:q} 2>&1"
