@@ -12,8 +12,10 @@ are the only columns of ``history.csv`` that do (:func:`without_times` drops the
 
 from __future__ import annotations
 
+import platform
 import time
 from functools import wraps
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -75,3 +77,15 @@ class LocalClock:
 def without_times(history):
     """``history`` (a DataFrame) without the timing columns, for run-to-run comparisons."""
     return history.drop(columns=[c for c in COLUMNS if c in history.columns])
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what :mod:`platform` says): the
+    machine a timing or a table was made on."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

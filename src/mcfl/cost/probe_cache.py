@@ -31,6 +31,7 @@ from typing import Any, Callable
 from mcfl.io import write_json
 from mcfl.cost.probe import MethodCost, StepTimer, measure_startup, measure_step, method_costs, method_key
 from mcfl.cost.workload import DataSize
+from mcfl.timing import cpu_model
 
 CACHE_DIR_ENV = "MCFL_CACHE_DIR"
 NO_CACHE_ENV = "MCFL_NO_CACHE"
@@ -57,22 +58,11 @@ def cache_dir() -> Path | None:
 @functools.cache
 def code_hash() -> str:
     """A hash of the installed package's modules (their paths and contents)."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]          # src/mcfl: every module of the package
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what :mod:`platform` says)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @functools.cache

@@ -12,21 +12,11 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import platform
 import shutil
 from pathlib import Path
 
 from mcfl.io import read_metrics, staged, write_text
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from mcfl.timing import cpu_model
 
 
 def provenance(run_dirs: list[Path], config: str) -> str:
