@@ -38,7 +38,7 @@ import re
 import shutil
 from pathlib import Path
 
-from mcfl.report.publish import cpu_model
+from mcfl.timing import cpu_model
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
