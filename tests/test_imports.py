@@ -139,49 +139,30 @@ def _within(module: str, roots: tuple[str, ...]) -> bool:
     return any(module == r or module.startswith(r + ".") for r in roots)
 
 
+def import_graph():
+    """``tools/import_graph.py``, the import reader ``make lint`` runs."""
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "tools" / "import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # (its dataclass looks its module up)
+    spec.loader.exec_module(module)
+    return module
+
+
 def mcfl_imports() -> dict[str, set[str]]:
     """module -> the mcfl modules it imports, at module level or in a function (not under ``if
-    TYPE_CHECKING:``); ``from a import b`` is ``a.b`` where that is a module, else ``a``."""
-    import ast
-
-    from conftest import ROOT
-
-    src = ROOT / "src"
-    files = {}
-    for f in (src / "mcfl").rglob("*.py"):
-        parts = list(f.relative_to(src).with_suffix("").parts)
-        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    TYPE_CHECKING:``); ``from a import b`` is ``a.b`` where that is a module, else ``a``. Read by
+    ``tools/import_graph.py``'s parser, the one ``make lint`` runs."""
+    tool = import_graph()
+    files = tool.module_files(ROOT / "src")
 
     def resolve(name: str) -> str | None:
         while name and name not in files:
             name = name.rpartition(".")[0]
         return name or None
 
-    def walk(node):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                yield from (n for c in child.orelse for n in [c, *walk(c)])
-                continue
-            yield child
-            yield from walk(child)
-
-    out = {}
-    for m, f in files.items():
-        package = m if f.name == "__init__.py" else m.rpartition(".")[0]
-        found = set()
-        for node in walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
-                names = [f"{base}.{a.name}" for a in node.names]
-            else:
-                continue
-            found |= {t for t in map(resolve, names) if t and t != m}
-        out[m] = found
+    out: dict[str, set[str]] = {m: set() for m in files}
+    for imp in tool.imports(files):
+        out[imp.module] |= {t for t in map(resolve, imp.targets) if t and t != imp.module}
     return out
 
 
@@ -237,17 +218,7 @@ def test_every_module_is_a_room_of_its_own_size(path):
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module: ``tools/import_graph.py``'s
     (Tarjan's algorithm), the one ``make lint`` runs."""
-    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "tools" / "import_graph.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module          # (its dataclass looks its module up)
-    spec.loader.exec_module(module)
-    return module.cycles(graph)
-
-
-def test_cycle_finder_finds_a_cycle_through_a_function_level_import():
-    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
-    assert cycles(g) == [["a", "b", "c"]]
-    assert cycles({"a": {"b"}, "b": set()}) == []
+    return import_graph().cycles(graph)
 
 
 def test_cycle_finder_finds_a_cycle_through_a_function_level_import():
